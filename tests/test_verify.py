@@ -1,0 +1,95 @@
+"""The verifier, tested statistically: emitted tokens must be distributed as the target's p."""
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from harness.sampling import Dist
+from harness.verify import Verdict, overlap, residual, verify_greedy, verify_stochastic
+
+DRAWS = 200_000
+V = 8
+
+
+def dist(weights) -> Dist:
+    w = np.asarray(weights, dtype=float)
+    ids = np.flatnonzero(w > 0)
+    return Dist(ids, w[ids] / w[ids].sum())
+
+
+PAIRS = {
+    "disjoint": ([1, 2, 3, 0, 0, 0, 0, 0], [0, 0, 0, 0, 2, 1, 1, 1]),
+    "q_much_larger_on_some": ([4, 3, 1, 1, 1, 1, 1, 1], [1, 1, 30, 30, 1, 1, 1, 1]),
+    "top_p_truncated_p": ([5, 3, 2, 0, 0, 0, 0, 0], [2, 2, 2, 2, 1, 1, 1, 1]),
+    "q_equals_p": ([3, 1, 4, 1, 5, 9, 2, 6], [3, 1, 4, 1, 5, 9, 2, 6]),
+    "q_point_mass": ([2, 5, 1, 1, 0, 0, 1, 0], [0, 1, 0, 0, 0, 0, 0, 0]),
+}
+
+
+def emitted_first_tokens(p: Dist, q: Dist, verifier, seed: int) -> np.ndarray:
+    """gamma = 1: the first emitted token is the accepted draft token or the correction."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(V)
+    p_bonus = dist([1] * V)
+    for _ in range(DRAWS):
+        x = q.sample(rng)
+        v = verifier(np.array([x]), [q], [p, p_bonus], rng)
+        counts[x if v.accepted else v.token] += 1
+    return counts
+
+
+def chi2_pvalue(counts: np.ndarray, p: Dist) -> float:
+    expected = np.zeros(V)
+    expected[p.ids] = p.probs * counts.sum()
+    support = expected > 0
+    if counts[~support].sum() > 0:
+        return 0.0
+    return float(chisquare(counts[support], expected[support]).pvalue)
+
+
+@pytest.mark.parametrize("case", PAIRS)
+def test_stochastic_verifier_emits_target_distribution(case):
+    p, q = (dist(w) for w in PAIRS[case])
+    counts = emitted_first_tokens(p, q, verify_stochastic, seed=hash(case) % 2**32)
+    assert chi2_pvalue(counts, p) > 0.01
+
+
+def always_accept(draft, q, p, rng):
+    return Verdict(len(draft), p[len(draft)].sample(rng), [])
+
+
+def test_negative_control_always_accepting_verifier_fails():
+    p, q = (dist(w) for w in PAIRS["q_much_larger_on_some"])
+    counts = emitted_first_tokens(p, q, always_accept, seed=7)
+    assert chi2_pvalue(counts, p) < 1e-6
+
+
+def test_overlap_and_residual():
+    p, q = dist([1, 1, 0, 0]), dist([0, 1, 1, 0])
+    assert overlap(p, q) == pytest.approx(0.5)
+    r = residual(p, q)
+    assert list(r.ids) == [0] and r.probs[0] == pytest.approx(1.0)
+    assert overlap(p, p) == pytest.approx(1.0)
+    assert residual(p, p) is p
+
+
+def test_greedy_all_accepted_gives_bonus():
+    v = verify_greedy(np.array([5, 6, 7]), np.array([5, 6, 7, 9]))
+    assert (v.accepted, v.token) == (3, 9)
+    assert v.alpha == [1.0, 1.0, 1.0]
+
+
+def test_greedy_rejects_at_first_position():
+    v = verify_greedy(np.array([5, 6, 7]), np.array([4, 6, 7, 9]))
+    assert (v.accepted, v.token) == (0, 4)
+    assert v.alpha == [0.0, 1.0, 1.0]
+
+
+def test_greedy_rejection_in_the_middle():
+    v = verify_greedy(np.array([5, 6, 7, 8]), np.array([5, 6, 1, 8, 2]))
+    assert (v.accepted, v.token) == (2, 1)
+
+
+def test_stochastic_all_accepted_when_p_equals_q_point_masses():
+    pt = Dist.point(3)
+    v = verify_stochastic(np.array([3, 3]), [pt, pt], [pt, pt, Dist.point(4)], np.random.default_rng(0))
+    assert (v.accepted, v.token, v.alpha) == (2, 4, [1.0, 1.0])
