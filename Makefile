@@ -6,9 +6,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HARNESS := $(VENV)/bin/harness
 LLAMA_VERSION := 0.3.36
-export CMAKE_ARGS
+# ggml's AMX kernels segfault on batched decodes of quantized weights in this llama.cpp
+# (ggml-org/llama.cpp#20824); undefining the macro drops only them and keeps every other native kernel.
+LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__ $(CMAKE_ARGS)
 # One cached wheel per build flavour, outside the clone, so a second setup (or a fresh clone) skips the build.
-BUILD_TAG := $(if $(strip $(CMAKE_ARGS)),$(shell printf '%s' "$(CMAKE_ARGS)" | sha256sum | cut -c1-12),cpu)
+BUILD_TAG := $(shell printf '%s' "$(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
 WHEEL_CACHE ?= $(HOME)/.cache/harness/wheels/$(BUILD_TAG)
 SETUP_STAMP := $(VENV)/.setup-$(BUILD_TAG)
 PROFILE ?= default
@@ -22,8 +24,8 @@ $(SETUP_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	ls $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
-	  { echo "building llama-cpp-python $(LLAMA_VERSION) from source (CMAKE_ARGS='$(CMAKE_ARGS)'), about 5 minutes on 2 cores"; \
-	    CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel -q --no-deps -w $(WHEEL_CACHE) llama-cpp-python==$(LLAMA_VERSION); }
+	  { echo "building llama-cpp-python $(LLAMA_VERSION) from source (CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)'), about 5-10 minutes on 2 cores"; \
+	    CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel -q --no-cache-dir --no-deps -w $(WHEEL_CACHE) llama-cpp-python==$(LLAMA_VERSION); }
 	$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	rm -f $(VENV)/.setup-*

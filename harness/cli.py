@@ -58,6 +58,136 @@ def models_info(ref, as_json):
     click.echo(info_text(ref, as_json))
 
 
+def _policy_options(f):
+    for opt in reversed([
+        click.option("--temp", "temperature", type=float, default=0.0, show_default=True, help="0 is greedy."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="0 disables."),
+        click.option("--top-p", type=float, default=1.0, show_default=True),
+        click.option("--min-p", type=float, default=0.0, show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]):
+        f = opt(f)
+    return f
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--draft", help="Draft model name or path, or ngram:N for prompt lookup.")
+@click.option("--prompt", "prompt_text", help="Raw prompt text (the chat template is applied unless --raw).")
+@click.option("--prompt-file", type=click.Path(dir_okay=False), help="A file holding the prompt text.")
+@click.option("--raw", is_flag=True, help="Do not apply the model's chat template.")
+@click.option("--gamma", type=int, default=4, show_default=True, help="Draft length per step.")
+@_policy_options
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--n-ctx", type=int, default=2048, show_default=True)
+@click.option("--ngl", type=int, default=0, show_default=True, help="Target layers offloaded to the GPU.")
+@click.option("--ngl-draft", type=int, default=0, show_default=True, help="Draft layers offloaded to the GPU.")
+@click.option("--threads", type=int, default=0, help="Default: physical cores.")
+@click.option("--baseline", is_flag=True, help="Also run plain decoding and compare.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Append per-step JSONL records here.")
+def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k, top_p, min_p, seed,
+        max_tokens, n_ctx, ngl, ngl_draft, threads, baseline, trace_path):
+    """One generation with TARGET (and a draft): text with accepted draft tokens marked, then a summary."""
+    from pathlib import Path
+
+    from harness.engine import EngineConfig
+    from harness.prompts import Prompt
+    from harness.runner import run_one
+    from harness.sampling import Policy
+    policy = Policy(temperature, top_k, top_p, min_p, seed)
+    if (prompt_text is None) == (prompt_file is None):
+        raise HarnessError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    if prompt_file:
+        try:
+            prompt_text = Path(prompt_file).read_text(encoding="utf-8")
+        except OSError as e:
+            raise HarnessError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
+    if not prompt_text.strip():
+        raise HarnessError("the prompt is empty")
+    prompt = Prompt("cli", "cli", (("user", prompt_text),), prompt_text, max_tokens, chat=not raw)
+    run_one(target, draft, prompt, policy, gamma, max_tokens, EngineConfig(n_ctx=n_ctx, n_gpu_layers=ngl,
+            threads=threads), ngl_draft, baseline, Path(trace_path) if trace_path else None)
+
+
+@cli.command()
+@click.argument("target")
+@click.argument("draft")
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), help="A prompt JSONL file for the round trip.")
+@click.option("--json", "as_json", is_flag=True)
+def check(target, draft, prompts_path, as_json):
+    """Tokenizer alignment of TARGET and DRAFT: exit 0 aligned, 2 misaligned."""
+    from harness.align import check_command
+    text, code = check_command(target, draft, prompts_path, as_json)
+    click.echo(text)
+    sys.exit(code)
+
+
+@cli.command()
+@click.option("--profile", help="A named profile from profiles.toml (make bench uses 'default').")
+@click.option("--target", help="Comma list of target names or paths.")
+@click.option("--draft", help="Comma list of drafts (names, paths, ngram:N); none = baseline only.")
+@click.option("--gamma", help="Comma list of draft lengths, e.g. 1,2,4,8.")
+@click.option("--temp", help="Comma list of temperatures (0 = greedy).")
+@click.option("--top-p", help="Comma list.")
+@click.option("--top-k", help="Comma list.")
+@click.option("--min-p", help="Comma list.")
+@click.option("--ngl", help="Comma list of target GPU layers.")
+@click.option("--ngl-draft", help="Comma list of draft GPU layers.")
+@click.option("--threads", help="Comma list of thread counts (0 = physical cores).")
+@click.option("--categories", help="Comma list of prompt categories.")
+@click.option("--prompts", help="Comma list of prompt JSONL files (instead of prompts/<category>.jsonl).")
+@click.option("--per-category", type=int, help="Prompts per category (0 = all).")
+@click.option("--max-tokens", type=int, help="Tokens per generation (default: each prompt's own).")
+@click.option("--repeat", type=int)
+@click.option("--seed", type=int)
+@click.option("--n-ctx", type=int)
+@click.option("--out", default="reports/runs", show_default=True, help="Where run directories go.")
+@click.option("--resume", "resume", type=click.Path(file_okay=False), help="Run only what RUN_DIR is missing.")
+@click.option("--skip-unsupported", is_flag=True, help="Record GPU configurations as skipped on a CPU-only build.")
+def bench(profile, out, resume, skip_unsupported, **opts):
+    """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
+    from pathlib import Path
+
+    from harness import prompts as prompts_mod
+    from harness.bench import command_line, run_bench
+    from harness.sweep import Params, load_profile, make_params
+    if resume:
+        if not Path(resume).is_dir():
+            raise HarnessError(f"--resume {resume}: no such run directory")
+        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command_line())
+        return
+    params = make_params(load_profile(profile) if profile else {}, opts)
+    if params.repeat < 1 or params.max_tokens < 0 or params.n_ctx < 64:
+        raise HarnessError("--repeat must be >= 1, --max-tokens >= 0 and --n-ctx >= 64")
+    prompts = prompts_mod.load(params.categories or None, [Path(p) for p in params.prompts] or None,
+                               params.per_category)
+    run_bench(params, prompts, Path(out), None, skip_unsupported, command_line())
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--format", "formats", default="md", show_default=True, help="Comma list: md, csv, json, parquet.")
+@click.option("--check", "check_only", is_flag=True, help="Recompute every figure from the traces; fail on any difference.")
+def report(run_dir, formats, check_only):
+    """Regenerate the report of RUN_DIR from its traces (or check it)."""
+    from pathlib import Path
+
+    from harness import report as report_mod
+    rd = Path(run_dir)
+    if not rd.is_dir():
+        raise HarnessError(f"{run_dir}: no such run directory")
+    if check_only:
+        diffs = report_mod.check(rd)
+        if diffs:
+            click.echo("\n".join(diffs[:20]))
+            raise HarnessError(f"the report disagrees with its traces in {len(diffs)} place(s)")
+        click.echo("report matches the traces")
+        return
+    fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
+    md = report_mod.write_reports(rd, fmts)
+    click.echo(str(md) if "md" in fmts else str(rd))
+
+
 def main():
     try:
         cli.main(prog_name="harness")

@@ -12,18 +12,18 @@ and the control tokens ``<|bos|>``, ``<|eos|>``, ``<|im_start|>``, ``<|im_end|>`
 Variants (``variant=``) differ from the default model in exactly one thing, for
 tokenizer-alignment tests of draft/target pairs:
 
-=================== ==========================================================
-``None``            default tokenizer (``seed`` only changes the weights)
-``"other_tokenizer"`` different tokenizer: other corpus, fewer merges, other id
-                    layout (specials first, bytes in GPT-2 order) and vocab size
-``"token_text"``    the text of exactly one regular (merged) token differs
-``"bos_id"``        ``tokenizer.ggml.bos_token_id`` points at ``<|eos|>``
-``"add_bos"``       ``tokenizer.ggml.add_bos_token`` is flipped (False)
-``"pre"``           ``tokenizer.ggml.pre`` is ``"gpt-2"`` instead of ``"default"``
-``"padding"``       ``n_padding`` UNUSED tokens ``<pad_i>`` appended to the vocab;
-                    their embedding/output rows are zero, all other weights are
-                    identical to the default model with the same seed
-=================== ==========================================================
+- ``None``: the default tokenizer (``seed`` only changes the weights)
+- ``"other_tokenizer"``: a different tokenizer: other corpus, fewer merges, other id
+  layout (specials first, bytes in GPT-2 order) and vocab size
+- ``"token_text"``: the text of exactly one regular (merged) token differs
+- ``"bos_id"``: ``tokenizer.ggml.bos_token_id`` points at ``<|eos|>``
+- ``"add_bos"``: ``tokenizer.ggml.add_bos_token`` is flipped (False)
+- ``"pre"``: ``tokenizer.ggml.pre`` is ``"gpt-2"`` instead of ``"default"``
+- ``"padding"``: ``n_padding`` UNUSED tokens ``<pad_i>`` appended to the vocab; their
+  embedding/output rows are zero, all other weights equal the default model's
+
+The output rows of control tokens and of non-printable byte tokens are scaled by 0.1 so that
+greedy continuations are mostly printable text (and rarely EOS).
 
 Weights are drawn per tensor from ``numpy.random.default_rng((seed, crc32(name)))``
 so the transformer blocks of every variant with the same seed are identical, and
@@ -56,8 +56,25 @@ __all__ = [
     "write_tiny_model",
 ]
 
-VARIANTS: tuple[str | None, ...] = (None, "other_tokenizer", "token_text", "bos_id", "add_bos", "pre", "padding")
-FIXTURE_NAMES: tuple[str, ...] = ("a", "b", "other_tokenizer", "token_text", "bos_id", "add_bos", "pre", "padding")
+VARIANTS: tuple[str | None, ...] = (
+    None,
+    "other_tokenizer",
+    "token_text",
+    "bos_id",
+    "add_bos",
+    "pre",
+    "padding",
+)
+FIXTURE_NAMES: tuple[str, ...] = (
+    "a",
+    "b",
+    "other_tokenizer",
+    "token_text",
+    "bos_id",
+    "add_bos",
+    "pre",
+    "padding",
+)
 
 DEFAULT_PRE = "default"
 VARIANT_PRE = "gpt-2"  # accepted by llama.cpp for tokenizer.ggml.model == "gpt2"
@@ -115,7 +132,11 @@ _PRETOKENIZE_RE = re.compile(
 @lru_cache(maxsize=1)
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode character mapping (dict in GPT-2's order)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -147,7 +168,7 @@ def _train_bpe(corpus: str, n_merges: int) -> tuple[tuple[tuple[str, str], ...],
                 pairs[(sym[i], sym[i + 1])] += freq
         if not pairs:
             break
-        best, count = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        best = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[0]
         merges.append(best)
         merged = best[0] + best[1]
         if merged not in seen:
@@ -237,7 +258,9 @@ def build_tokenizer(variant: str | None = None, *, n_padding: int = DEFAULT_N_PA
             new += "q"
         tokens = list(base.tokens)
         tokens[idx] = new
-        return replace(base, tokens=tuple(tokens), extras={"changed_id": idx, "old_text": old, "new_text": new})
+        return replace(
+            base, tokens=tuple(tokens), extras={"changed_id": idx, "old_text": old, "new_text": new}
+        )
     if variant == "bos_id":
         return replace(base, bos_id=base.eos_id)
     if variant == "add_bos":
@@ -261,7 +284,14 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def _tensors(
-    tok: TinyTokenizer, *, seed: int, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
+    tok: TinyTokenizer,
+    *,
+    seed: int,
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    n_ff: int,
     logit_scale: float,
 ) -> list[tuple[str, np.ndarray, bool]]:
     """(name, array in numpy order, is_matrix). numpy shape is GGUF's ne reversed."""
@@ -289,7 +319,11 @@ def _tensors(
             (p + "attn_q.weight", normal(p + "attn_q.weight", (n_head * head_dim, n_embd), s), True),
             (p + "attn_k.weight", normal(p + "attn_k.weight", (n_head_kv * head_dim, n_embd), s), True),
             (p + "attn_v.weight", normal(p + "attn_v.weight", (n_head_kv * head_dim, n_embd), s), True),
-            (p + "attn_output.weight", normal(p + "attn_output.weight", (n_embd, n_head * head_dim), s), True),
+            (
+                p + "attn_output.weight",
+                normal(p + "attn_output.weight", (n_embd, n_head * head_dim), s),
+                True,
+            ),
             (p + "ffn_norm.weight", norm(p + "ffn_norm.weight"), False),
             (p + "ffn_gate.weight", normal(p + "ffn_gate.weight", (n_ff, n_embd), s), True),
             (p + "ffn_up.weight", normal(p + "ffn_up.weight", (n_ff, n_embd), s), True),
@@ -297,8 +331,25 @@ def _tensors(
         ]
     out.append(("output_norm.weight", norm("output_norm.weight"), False))
     # RMS-normed hidden state has unit RMS, so logits have std ~= logit_scale
-    out.append(("output.weight", vocab_table("output.weight", logit_scale / np.sqrt(n_embd)), True))
+    output = vocab_table("output.weight", logit_scale / np.sqrt(n_embd))
+    output *= _output_row_scale(tok)[:, None]
+    out.append(("output.weight", output, True))
     return out
+
+
+def _output_row_scale(tok: TinyTokenizer, damp: float = 0.1) -> np.ndarray:
+    """Shrink the output rows of control tokens and of tokens holding bytes outside printable
+    ASCII/newline, so greedy generations are mostly valid, readable UTF-8 and rarely hit EOS."""
+    inv = {c: b for b, c in bytes_to_unicode().items()}
+    scale = np.ones(tok.n_vocab, dtype=np.float32)
+    for i, (text, ttype) in enumerate(zip(tok.tokens, tok.token_types)):
+        if ttype == TOKEN_CONTROL:
+            scale[i] = damp
+        elif ttype == TOKEN_NORMAL:
+            raw = [inv.get(c, 0) for c in text]
+            if any(b >= 0x7F or (b < 0x20 and b != 0x0A) for b in raw):
+                scale[i] = damp
+    return scale
 
 
 def write_tiny_model(
@@ -365,7 +416,13 @@ def write_tiny_model(
         w.add_chat_template(tok.chat_template)
 
     for tname, arr, is_matrix in _tensors(
-        tok, seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+        tok,
+        seed=seed,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
         logit_scale=logit_scale,
     ):
         if is_matrix and dtype == "f16":
@@ -398,4 +455,6 @@ def make_fixture_set(dirpath: str | Path, **kwargs) -> dict[str, Path]:
 if __name__ == "__main__":  # pragma: no cover
     out = make_fixture_set(sys.argv[1] if len(sys.argv) > 1 else "tiny_gguf_fixtures")
     for k, p in out.items():
-        print(f"{k:16s} {p} {p.stat().st_size} bytes n_vocab={build_tokenizer(None if k in ('a', 'b') else k).n_vocab}")
+        print(
+            f"{k:16s} {p} {p.stat().st_size} bytes n_vocab={build_tokenizer(None if k in ('a', 'b') else k).n_vocab}"
+        )

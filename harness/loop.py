@@ -1,0 +1,127 @@
+"""The generation loop: speculative (a proposer and the target verifier) and plain decoding, the same code
+path with gamma = 0. Each step becomes one trace record; each generation one more."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from harness.engine import Engine
+from harness.errors import HarnessError
+from harness.proposers import Proposal
+from harness.sampling import Policy, process, top_prob
+from harness.trace import TraceWriter
+from harness.verify import verify_greedy, verify_stochastic
+
+GammaFn = Callable[[int], int]  # step index -> gamma for that step
+
+
+@dataclass
+class Request:
+    prompt_id: str
+    tokens: list[int]
+    max_tokens: int
+    category: str = ""
+
+
+def check_fits(n_prompt: int, max_tokens: int, gamma_max: int, n_ctx: int) -> None:
+    if n_prompt == 0:
+        raise HarnessError("the prompt is empty")
+    need = n_prompt + max_tokens + gamma_max + 1
+    if need > n_ctx:
+        raise HarnessError(f"prompt ({n_prompt} tokens) + max tokens ({max_tokens}) + gamma ({gamma_max}) "
+                           f"need {need} positions but n_ctx is {n_ctx}: raise --n-ctx or shorten the prompt")
+
+
+def _margin(row: np.ndarray) -> float:
+    """Top-1 minus top-2 logit: how close the target's choice was to a tie."""
+    a = int(np.argmax(row))
+    second = max(row[:a].max(initial=-np.inf), row[a + 1:].max(initial=-np.inf))
+    return float(row[a] - second)
+
+
+def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma: GammaFn | int = 0,
+             trace: TraceWriter | None = None, mode: str | None = None) -> dict:
+    """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding."""
+    gamma_fn = gamma if callable(gamma) else (lambda _step, g=gamma: g)
+    mode = mode or ("baseline" if proposer is None else "speculative")
+    trace = trace or TraceWriter(None)
+    rng = np.random.default_rng(policy.seed)
+    eog = target.vocab.is_eog
+    ctx = list(req.tokens)
+    out: list[int] = []
+    from_draft: list[bool] = []
+    target.reset()
+    target.perf_reset()
+    t0 = time.perf_counter()
+    target.decode(ctx[:-1], logits="none")
+    t1 = time.perf_counter()
+    draft_prefill_ms = 0.0
+    if proposer is not None:
+        proposer.prefill(ctx, policy)
+        draft_prefill_ms = (time.perf_counter() - t1) * 1000
+    t_gen = time.perf_counter()
+    instr_total = 0.0
+    stop = "max_tokens"
+    step = 0
+    while len(out) < req.max_tokens:
+        remaining = req.max_tokens - len(out)
+        g = min(gamma_fn(step), remaining - 1) if proposer is not None else 0
+        s0 = time.perf_counter()
+        prop = proposer.propose(ctx, g) if g > 0 else Proposal()
+        s1 = time.perf_counter()
+        block = [ctx[-1], *prop.tokens]
+        logits = target.decode(block, logits="all")
+        s2 = time.perf_counter()
+        n_prop = len(prop.tokens)
+        if policy.greedy:
+            verdict = verify_greedy(np.asarray(prop.tokens, dtype=np.int64), logits.argmax(axis=1))
+        else:
+            p = [process(row, policy) for row in logits]
+            verdict = verify_stochastic(np.asarray(prop.tokens, dtype=np.int64), prop.q, p, rng)
+        i0 = time.perf_counter()
+        conf = [top_prob(row) for row in logits[:n_prop + 1]]
+        margin = _margin(logits[0]) if n_prop == 0 and mode == "baseline" and policy.greedy else None
+        instr = time.perf_counter() - i0
+        k = verdict.accepted
+        new = [*prop.tokens[:k], verdict.token]
+        src = [True] * k + [False]
+        for j, t in enumerate(new):
+            if eog(t):
+                new, src, stop = new[:j], src[:j], "eos"
+                break
+        new, src = new[:remaining], src[:remaining]
+        ctx += new
+        out += new
+        from_draft += src
+        target.trim(len(ctx) - 1)
+        if proposer is not None and stop != "eos":
+            proposer.accepted(ctx, k)
+        s3 = time.perf_counter()
+        instr_total += instr
+        rec = {"type": "step", "step": step, "gamma": g, "proposed": n_prop, "accepted": k,
+               "rejected_at": k if k < n_prop else None, "token": verdict.token, "emitted": len(new),
+               "alpha": [round(a, 6) for a in verdict.alpha], "target_conf": [round(c, 6) for c in conf],
+               "draft_ms": (s1 - s0) * 1e3, "verify_ms": (s2 - s1) * 1e3,
+               "overhead_ms": (s3 - s2 - instr) * 1e3}
+        if margin is not None:
+            rec["margin"] = round(margin, 5)
+        trace.write(rec)
+        step += 1
+        if stop == "eos":
+            break
+    t_end = time.perf_counter()
+    gen_ms = (t_end - t_gen - instr_total) * 1e3
+    perf = target.perf()
+    rec = {"type": "generation", "mode": mode, "prompt_id": req.prompt_id, "category": req.category,
+           "prompt_tokens": len(req.tokens), "n_tokens": len(out), "tokens": out,
+           "from_draft": "".join("d" if s else "t" for s in from_draft),
+           "text": target.vocab.detokenize(out), "stop": stop, "steps": step,
+           "prompt_eval_ms": (t1 - t0) * 1e3, "draft_prefill_ms": draft_prefill_ms, "gen_ms": gen_ms,
+           "latency_ms": gen_ms + (t_gen - t0) * 1e3, "instrument_ms": instr_total * 1e3,
+           "tokens_per_s": len(out) / gen_ms * 1e3 if gen_ms > 0 else 0.0,
+           "llama_eval_ms": perf["eval_ms"], "llama_n_eval": perf["n_eval"]}
+    trace.write(rec)
+    return rec

@@ -1,0 +1,67 @@
+"""Opening a target and a proposer for a run: resolve, check presence, offload and alignment, load."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.engine import Engine, EngineConfig, require_offload
+from harness.errors import HarnessError
+from harness.models.catalog import Model, require_present, resolve
+from harness.proposers import DraftModelProposer, NgramProposer
+
+
+def parse_ngram(spec: str) -> int | None:
+    """'ngram:N' -> N; None for anything else (a model name or path)."""
+    if not spec.startswith("ngram"):
+        return None
+    _, _, n = spec.partition(":")
+    try:
+        return int(n or 3)
+    except ValueError:
+        raise HarnessError(f"bad n-gram proposer '{spec}': use ngram:N with N >= 1") from None
+
+
+@dataclass
+class Pair:
+    target_model: Model
+    target: Engine
+    proposer: object | None = None
+    draft_model: Model | None = None
+    draft_engine: Engine | None = None
+    alignment: dict | None = None
+
+    def close(self) -> None:
+        if self.draft_engine:
+            self.draft_engine.close()
+        self.target.close()
+
+
+def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig,
+              draft_ngl: int = 0, check_texts: list | None = None, check_alignment: bool = True) -> Pair:
+    """Everything that can be refused is refused before any weights are loaded."""
+    tm = resolve(target_ref)
+    require_present(tm)
+    require_offload(cfg.n_gpu_layers, "--ngl")
+    dm, alignment, ngram = None, None, None
+    if draft_ref and draft_ref != "none":
+        ngram = parse_ngram(draft_ref)
+        if ngram is None:
+            from harness.align import require_aligned
+            dm = resolve(draft_ref)
+            require_present(dm)
+            require_offload(draft_ngl, "--ngl-draft")
+            if check_alignment:
+                alignment = require_aligned(tm.path, dm.path, check_texts)
+        else:
+            NgramProposer(ngram)  # validates n before loading anything
+    target = Engine(tm.path, cfg)
+    pair = Pair(tm, target, draft_model=dm, alignment=alignment)
+    if ngram is not None:
+        pair.proposer = NgramProposer(ngram)
+    elif dm is not None:
+        try:
+            pair.draft_engine = Engine(dm.path, EngineConfig(cfg.n_ctx, cfg.n_batch, draft_ngl, cfg.threads))
+        except BaseException:
+            target.close()
+            raise
+        pair.proposer = DraftModelProposer(pair.draft_engine, dm.name)
+    return pair

@@ -1,0 +1,104 @@
+"""Prompt sets: prompts/<category>.jsonl, one prompt per line; rendering through the model's chat template."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+CATEGORIES = ("code", "multilingual", "creative", "domain", "grounded", "long_context")
+
+
+def prompts_dir() -> Path:
+    return Path(os.environ.get("HARNESS_PROMPTS_DIR", "prompts"))
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    messages: tuple[tuple[str, str], ...] = ()
+    text: str = ""
+    max_tokens: int = 96
+    chat: bool = True
+
+    def render(self, vocab) -> str:
+        """The exact text the models see: chat template applied when chat is true."""
+        if self.chat and self.messages:
+            return vocab.apply_chat_template([{"role": r, "content": c} for r, c in self.messages])
+        return self.text or "\n".join(c for _, c in self.messages)
+
+
+def _parse(line: str, where: str) -> Prompt:
+    try:
+        d = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise HarnessError(f"{where}: each line must be a JSON object")
+    pid, cat = d.get("id"), d.get("category")
+    if not isinstance(pid, str) or not pid:
+        raise HarnessError(f"{where}: 'id' must be a non-empty string")
+    if not isinstance(cat, str) or not cat:
+        raise HarnessError(f"{where}: 'category' must be a non-empty string")
+    msgs = d.get("messages", [])
+    text = d.get("text", "")
+    if not isinstance(text, str) or not isinstance(msgs, list):
+        raise HarnessError(f"{where}: 'text' must be a string and 'messages' a list")
+    try:
+        messages = tuple((m["role"], m["content"]) for m in msgs)
+    except (TypeError, KeyError):
+        raise HarnessError(f"{where}: each message needs 'role' and 'content'") from None
+    if not text.strip() and not any(c.strip() for _, c in messages):
+        raise HarnessError(f"{where}: the prompt is empty (give 'messages' or 'text')")
+    mt = d.get("max_tokens", 96)
+    if not isinstance(mt, int) or mt < 1:
+        raise HarnessError(f"{where}: 'max_tokens' must be a positive integer")
+    return Prompt(pid, cat, messages, text, mt, bool(d.get("chat", bool(messages))))
+
+
+def load_file(path: Path) -> list[Prompt]:
+    if not path.exists():
+        raise HarnessError(f"prompt file {path} does not exist")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                out.append(_parse(line, f"{path}:{n}"))
+    if not out:
+        raise HarnessError(f"prompt file {path} is empty")
+    return out
+
+
+def load(categories: list[str] | None = None, paths: list[Path] | None = None, per_category: int = 0) -> list[Prompt]:
+    """Prompts from explicit files, or from prompts/<category>.jsonl; the first per_category of each (0 = all)."""
+    if paths:
+        prompts = [p for path in paths for p in load_file(Path(path))]
+    else:
+        cats = categories or list(CATEGORIES)
+        d = prompts_dir()
+        for c in cats:
+            if not (d / f"{c}.jsonl").exists():
+                known = sorted(p.stem for p in d.glob("*.jsonl"))
+                raise HarnessError(f"unknown prompt category '{c}' (known: {', '.join(known)})")
+        prompts = [p for c in cats for p in load_file(d / f"{c}.jsonl")]
+    if categories and paths:
+        prompts = [p for p in prompts if p.category in categories]
+    seen = set()
+    for p in prompts:
+        if p.id in seen:
+            raise HarnessError(f"duplicate prompt id '{p.id}'")
+        seen.add(p.id)
+    if per_category:
+        counts: dict[str, int] = {}
+        kept = []
+        for p in prompts:
+            counts[p.category] = counts.get(p.category, 0) + 1
+            if counts[p.category] <= per_category:
+                kept.append(p)
+        prompts = kept
+    if not prompts:
+        raise HarnessError("no prompts selected")
+    return prompts

@@ -1,0 +1,323 @@
+"""Reports from a run directory's traces: Markdown (tabulate), CSV, JSON, Parquet; and --check, which
+recomputes every figure from the traces and compares it with the written report."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+from tabulate import tabulate
+
+from harness import metrics, verdict
+from harness.errors import HarnessError
+from harness.sampling import Policy
+from harness.sweep import finished, read_plan
+from harness.trace import read_records
+
+BASE_KEYS = ["target", "policy", "ngl", "threads", "category"]
+
+
+def load_records(run_dir: Path) -> list[dict]:
+    return [r for f in sorted((run_dir / "traces").glob("*.jsonl")) for r in read_records(f)]
+
+
+def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
+    from harness.sweep import Instance
+    rows = []
+    for d in plan["instances"]:
+        inst = Instance(**d)
+        res = results.get(inst.id, {})
+        rows.append({"config": inst.id, "target": inst.target, "draft": inst.draft, "gamma": inst.gamma,
+                     "policy": Policy(**inst.policy).label, "ngl": inst.ngl, "ngl_draft": inst.ngl_draft,
+                     "threads": inst.threads, "status": res.get("status", "not run"),
+                     "error": res.get("error", ""), "peak_rss_bytes": res.get("peak_rss_bytes"),
+                     "kv_bytes": res.get("kv_bytes"), "target_bytes": res.get("target_bytes"),
+                     "draft_bytes": res.get("draft_bytes")})
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def _compact(df: pl.DataFrame, key_col: str, val_col: str, fmt: str) -> pl.DataFrame:
+    return df.group_by(["config", "category"], maintain_order=True).agg(
+        pl.format("{}:{}", pl.col(key_col).cast(pl.String), pl.col(val_col).map_elements(
+            lambda v: format(v, fmt), return_dtype=pl.String)).str.join(" ").alias(f"{key_col}_{val_col}"))
+
+
+def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
+    plan = read_plan(run_dir)
+    cfg = config_frame(plan, finished(run_dir))
+    steps, gens = metrics.frames(load_records(run_dir))
+    out = {"configs": cfg}
+    if not len(gens):
+        return out
+    keys = ["config", "category"]
+    acc = metrics.acceptance(steps, keys)
+    tp = metrics.throughput(gens, keys)
+    sweep = tp.join(acc, on=keys, how="left").join(cfg.drop("error"), on="config", how="left")
+    div = metrics.safe_div
+    sweep = sweep.with_columns(
+        div(pl.col("draft_ms"), pl.col("verify_steps")).alias("draft_ms_per_step"),
+        div(pl.col("verify_ms"), pl.col("target_calls")).alias("verify_ms_per_call"),
+        div(pl.col("overhead_ms"), pl.col("target_calls")).alias("overhead_ms_per_call"),
+        div(pl.col("draft_ms") + pl.col("verify_ms") + pl.col("overhead_ms"), pl.col("target_calls")).alias("step_ms"),
+    )
+    base = sweep.filter(pl.col("draft") == "none").select(
+        *BASE_KEYS, pl.col("tokens_per_ms").alias("base_tokens_per_ms"), pl.col("tokens_per_s").alias("base_tokens_per_s"))
+    sweep = sweep.join(base, on=BASE_KEYS, how="left").with_columns(
+        (pl.col("tokens_per_ms") / pl.col("base_tokens_per_ms")).alias("speedup"))
+    spec = steps.filter(pl.col("proposed") > 0)
+    if len(spec):
+        for extra in (_compact(metrics.per_position(spec, keys), "pos", "accept_prob", ".2f"),
+                      _compact(metrics.rejection_histogram(spec, keys), "rejected_at", "steps", "d"),
+                      _compact(metrics.by_confidence(spec, keys), "target_conf", "accept_prob", ".2f")):
+            sweep = sweep.join(extra, on=keys, how="left")
+    be = [verdict.break_even_rate(r["step_ms"] or 0, 1 / r["base_tokens_per_ms"] if r["base_tokens_per_ms"] else 0,
+                                  r["gamma"]) for r in sweep.iter_rows(named=True)]
+    sweep = sweep.with_columns(pl.Series("break_even_rate", be, dtype=pl.Float64))
+    out["sweep"] = sweep
+    out["equivalence"] = equivalence(steps, gens, cfg)
+    return out
+
+
+def equivalence(steps: pl.DataFrame, gens: pl.DataFrame, cfg: pl.DataFrame) -> pl.DataFrame:
+    """Greedy speculative outputs against the greedy baseline of the same target, offload and prompt."""
+    g = gens.join(cfg.select("config", "target", "draft", "gamma", "policy", "ngl", "threads"), on="config")
+    g = g.filter(pl.col("policy") == "greedy")
+    base = g.filter(pl.col("draft") == "none")
+    if not len(base) or "margin" not in steps.columns:
+        return pl.DataFrame()
+    margins = {}
+    for (c, p, rep), grp in steps.filter(pl.col("margin").is_not_null()).group_by(
+            ["config", "prompt_id", "repeat"], maintain_order=True):
+        margins[(c, p, rep)] = grp.sort("step")["margin"].to_list()
+    bkey = ["target", "ngl", "threads", "prompt_id", "repeat"]
+    btok = {tuple(r[k] for k in bkey): (r["tokens"], margins.get((r["config"], r["prompt_id"], r["repeat"]), []))
+            for r in base.iter_rows(named=True)}
+    rows = []
+    for r in g.filter(pl.col("draft") != "none").iter_rows(named=True):
+        b = btok.get(tuple(r[k] for k in bkey))
+        if b is None:
+            continue
+        c = metrics.classify(r["tokens"], b[0], b[1])
+        rows.append({"config": r["config"], "category": r["category"], "prompt_id": r["prompt_id"], **c})
+    if not rows:
+        return pl.DataFrame()
+    return pl.DataFrame(rows, infer_schema_length=None).group_by(["config", "category"], maintain_order=True).agg(
+        pl.len().alias("generations"), (pl.col("equal").mean() * 100).alias("exact_match_pct"),
+        (pl.col("kind") == "near-tie").sum().alias("near_ties"), (pl.col("kind") == "mismatch").sum().alias("mismatches"))
+
+
+# -- rendering -----------------------------------------------------------------------------------------------
+
+def _f(v, spec: str = ".2f") -> str:
+    return "" if v is None else format(v, spec)
+
+
+def _mib(v) -> str:
+    return "" if v is None else f"{v / 2**20:.0f} MiB"
+
+
+def _table(rows: list[list], headers: list[str]) -> str:
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _header(plan: dict, run_dir: Path) -> list[str]:
+    s = plan.get("system", {})
+    from harness.models.catalog import load_catalog
+    from harness.models.store import read_sidecar
+    lines = ["# Speculative decoding benchmark", "",
+             f"- date: {s.get('date', '')}; host: {s.get('host', '')} ({s.get('os', '')})",
+             f"- CPU: {s.get('cpu', '')}, {s.get('cores_physical')} physical / {s.get('cores_logical')} logical cores;"
+             f" RAM {(s.get('ram_bytes') or 0) / 2**30:.1f} GiB",
+             f"- backend: {s.get('backend', '')}",
+             f"- llama.cpp system info: `{s.get('llama_system_info', '')}`"]
+    if s.get("amx_extra_buffers_disabled"):
+        lines.append("- note: this llama.cpp build has AMX kernels, which crash on batched decodes "
+                     "(ggml-org/llama.cpp#20824); extra buffer types (AMX, weight repacking) were switched off")
+    pk = s.get("packages", {})
+    lines.append("- packages: " + ", ".join(f"{k} {v}" for k, v in pk.items()))
+    lines += [f"- command: `{plan.get('command', '')}`", f"- raw traces: `{run_dir / 'traces'}` (one JSONL per "
+              "configuration; every figure below is computed from them: `harness report RUN_DIR --check`)", ""]
+    try:
+        cat = load_catalog()
+    except HarnessError:
+        cat = {}
+    names = sorted({i["target"] for i in plan["instances"]} | {i["draft"] for i in plan["instances"]} - {"none"})
+    rows = []
+    for n in names:
+        m = cat.get(n)
+        if m is None:
+            rows.append([n, "", "", "", "n-gram lookup (no model)" if n.startswith("ngram") else "path"])
+            continue
+        side = read_sidecar(m.path)
+        note = f"requantized from {side.get('derived_from', m.derive_from)} (never better than its source)" \
+            if m.requantized else ""
+        size = m.path.stat().st_size if m.path.exists() else m.bytes
+        rows.append([n, m.quant, _mib(size), (side.get("sha256") or m.sha256 or "")[:12], note])
+    lines += ["## Models", "", _table(rows, ["model", "quant", "size", "sha256", "note"]), ""]
+    return lines
+
+
+def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame]) -> str:
+    plan = read_plan(run_dir)
+    lines = _header(plan, run_dir)
+    cfg = data["configs"]
+    sweep = data.get("sweep")
+    failed = cfg.filter(pl.col("status") != "ok")
+    if sweep is None or not len(sweep):
+        lines += ["No configuration finished.", ""]
+    else:
+        lines += _verdicts(sweep) + _per_category(sweep) + _quantization(sweep) + _memory(sweep) + \
+            _equivalence(data.get("equivalence"), cfg)
+    if len(failed):
+        lines += ["## Configurations that did not finish", "",
+                  _table([[r["config"], r["draft"], r["gamma"], r["policy"], r["status"], r["error"]]
+                          for r in failed.iter_rows(named=True)],
+                         ["config", "draft", "gamma", "policy", "status", "error"]), ""]
+    lines += ["## How to read this", "",
+              "- acceptance = accepted / proposed draft tokens; accepted/step = mean accepted draft tokens per "
+              "verification step; alpha = mean over proposed positions of sum_x min(p, q) under the row's "
+              "sampling policy (under greedy, the rate at which draft and target argmax agree). Three different "
+              "figures: never compare one with another.",
+              "- tokens/call = emitted tokens per target decode (accepted + the correction or bonus token).",
+              "- speedup = tokens/s against the plain baseline of the same target, policy, offload, threads and "
+              "category, measured in the same run. Speculate only where accepted progress per millisecond "
+              "(tokens/ms) beats plain decoding, i.e. speedup > 1.",
+              "- break-even = the acceptance rate at which this configuration's measured step cost "
+              "(draft + verify + overhead) would match plain decoding: (step_ms / base_ms_per_token - 1) / gamma; "
+              "'unreachable' when even 100% acceptance loses.",
+              "- per-position: P(position i accepted | reached); rejections: where steps stopped (none = all "
+              "accepted); by target confidence: acceptance of tested positions by the target's top probability.",
+              ""]
+    return "\n".join(lines)
+
+
+def _verdicts(sweep: pl.DataFrame) -> list[str]:
+    rows = []
+    for (cat, pol), g in sweep.group_by(["category", "policy"], maintain_order=True):
+        spec = g.filter(pl.col("draft") != "none").sort("tokens_per_ms", descending=True, nulls_last=True)
+        base = g.filter(pl.col("draft") == "none")
+        if not len(base) or not len(spec):
+            continue
+        b, s = base.row(0, named=True), spec.row(0, named=True)
+        decision = verdict.decide(s["tokens_per_ms"], b["tokens_per_ms"])
+        why = ""
+        if decision != "speculate":
+            why = verdict.where_time_goes(s["draft_ms"], s["verify_ms"], s["overhead_ms"])
+            if s["verify_ms_per_call"] and b["tokens_per_ms"]:
+                why += f"; a verify call costs {s['verify_ms_per_call'] * b['tokens_per_ms']:.1f}x a plain decode"
+        be = s["break_even_rate"]
+        rows.append([cat, pol, _f(b["tokens_per_s"], ".1f"), f"{s['draft']} g={s['gamma']}", _f(s["tokens_per_s"], ".1f"),
+                     _f(s["speedup"]) + "x", _f(s["acceptance_rate"], ".0%"), "unreachable" if be is None else f"{be:.0%}",
+                     decision, why])
+    return ["## Verdict per category", "",
+            "Best speculative configuration per category and policy against plain decoding.", "",
+            _table(rows, ["category", "policy", "plain tok/s", "best (draft, gamma)", "tok/s", "speedup",
+                          "acceptance", "break-even acceptance", "verdict", "where the time goes"]), ""]
+
+
+def _per_category(sweep: pl.DataFrame) -> list[str]:
+    lines = ["## Per category", ""]
+    cols = ["draft", "gamma", "policy", "ngl", "proposed", "accepted", "acceptance", "accepted/step", "tokens/call",
+            "alpha", "draft ms/step", "verify ms/call", "overhead ms/call", "tok/s", "speedup", "latency ms",
+            "break-even", "per-position", "rejections", "by target confidence"]
+    for cat, g in sweep.group_by("category", maintain_order=True):
+        rows = []
+        for r in g.sort(["policy", "draft", "gamma"]).iter_rows(named=True):
+            spec = r["draft"] != "none"
+            rows.append([r["draft"], r["gamma"], r["policy"], r["ngl"], r["proposed"] if spec else "",
+                         r["accepted"] if spec else "", _f(r["acceptance_rate"], ".1%"), _f(r["mean_accepted_len"]),
+                         _f(r["tokens_per_call"]), _f(r["alpha"], ".3f"), _f(r["draft_ms_per_step"], ".1f"),
+                         _f(r["verify_ms_per_call"], ".1f"), _f(r["overhead_ms_per_call"], ".2f"),
+                         _f(r["tokens_per_s"], ".1f"), _f(r["speedup"]) + "x", _f(r["latency_ms"], ".0f"),
+                         ("unreachable" if r["break_even_rate"] is None else f"{r['break_even_rate']:.0%}") if spec else "",
+                         r.get("pos_accept_prob") or "", r.get("rejected_at_steps") or "",
+                         r.get("target_conf_accept_prob") or ""])
+        lines += [f"### {cat[0]}", "", _table(rows, cols), ""]
+    return lines
+
+
+def _quantization(sweep: pl.DataFrame) -> list[str]:
+    spec = sweep.filter(pl.col("draft") != "none")
+    if not len(spec):
+        return []
+    q = spec.group_by(["draft", "policy"], maintain_order=True).agg(
+        pl.col("draft_bytes").first(), pl.col("proposed").sum(), pl.col("accepted").sum(),
+        pl.col("draft_ms").sum(), pl.col("alpha").mean(), pl.col("speedup").max().alias("best_speedup"))
+    rows = [[r["draft"], r["policy"], _mib(r["draft_bytes"]) if r["draft_bytes"] else "0",
+             _f(r["proposed"] / r["draft_ms"] * 1000 if r["draft_ms"] else None, ".1f"), _f(r["alpha"], ".3f"),
+             _f(r["accepted"] / r["proposed"] if r["proposed"] else None, ".1%"), _f(r["best_speedup"]) + "x"]
+            for r in q.iter_rows(named=True)]
+    return ["## Draft quantization", "",
+            "Per draft over every gamma and category. Draft tok/s = proposed tokens per second of drafting. "
+            "A requantized draft can never be better than its source.", "",
+            _table(rows, ["draft", "policy", "bytes", "draft tok/s", "alpha", "acceptance", "best speedup"]), ""]
+
+
+def _memory(sweep: pl.DataFrame) -> list[str]:
+    m = sweep.group_by("config", maintain_order=True).agg(
+        pl.col("draft", "gamma", "policy", "peak_rss_bytes", "target_bytes", "draft_bytes", "kv_bytes").first())
+    rows = [[r["draft"], r["gamma"], r["policy"], _mib(r["peak_rss_bytes"]),
+             _mib((r["target_bytes"] or 0) + (r["draft_bytes"] or 0)), _mib(r["kv_bytes"])] for r in m.iter_rows(named=True)]
+    return ["## Memory", "", "Peak RSS of each configuration's worker process; model files; KV cache at n_ctx (f16).",
+            "", _table(rows, ["draft", "gamma", "policy", "peak RSS", "model files", "KV cache"]), ""]
+
+
+def _equivalence(eq: pl.DataFrame | None, cfg: pl.DataFrame) -> list[str]:
+    if eq is None or not len(eq):
+        return []
+    e = eq.join(cfg.select("config", "draft", "gamma"), on="config")
+    rows = [[r["category"], r["draft"], r["gamma"], r["generations"], _f(r["exact_match_pct"], ".0f") + "%",
+             r["near_ties"], r["mismatches"]] for r in e.sort(["category", "draft", "gamma"]).iter_rows(named=True)]
+    return ["## Output equivalence (greedy)", "",
+            f"Greedy speculative output against greedy plain decoding. A divergence is a near-tie when the "
+            f"baseline's top-2 logit margin there is below {metrics.NEAR_TIE_LOGITS} (llama.cpp's batched and "
+            "single-token kernels round differently); otherwise a mismatch.", "",
+            _table(rows, ["category", "draft", "gamma", "generations", "exact match", "near-ties", "mismatches"]), ""]
+
+
+# -- files ---------------------------------------------------------------------------------------------------
+
+def reports_root(run_dir: Path) -> Path:
+    return run_dir.parent.parent  # reports/runs/<run> -> reports/
+
+
+def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> Path:
+    data = compute(run_dir)
+    md_text = render_markdown(run_dir, data)
+    root = reports_root(run_dir)
+    md = root / f"{run_dir.name}.md"
+    for fmt in formats:
+        if fmt == "md":
+            md.write_text(md_text)
+            (root / "latest.md").write_text(md_text)
+        else:
+            export(data, run_dir, fmt)
+    return md
+
+
+def export(data: dict[str, pl.DataFrame], run_dir: Path, fmt: str) -> Path:
+    sweep = data.get("sweep", pl.DataFrame())
+    flat = sweep.select([c for c in sweep.columns if sweep[c].dtype != pl.List(pl.Int64)]) if len(sweep) else sweep
+    path = run_dir / f"metrics.{fmt}"
+    if fmt == "csv":
+        flat.write_csv(path)
+    elif fmt == "json":
+        path.write_text(json.dumps(flat.to_dicts(), indent=1, default=str))
+    elif fmt == "parquet":
+        flat.write_parquet(path)
+    else:
+        raise HarnessError(f"unknown report format '{fmt}' (md, csv, json, parquet)")
+    return path
+
+
+def check(run_dir: Path) -> list[str]:
+    """Differences between the written Markdown report and one recomputed from the traces now."""
+    md = reports_root(run_dir) / f"{run_dir.name}.md"
+    if not md.exists():
+        raise HarnessError(f"no report for {run_dir} at {md}: run `harness report {run_dir}` first")
+    fresh = render_markdown(run_dir, compute(run_dir)).splitlines()
+    old = md.read_text().splitlines()
+    diffs = [f"line {i + 1}: report has {a!r}, traces give {b!r}" for i, (a, b) in enumerate(zip(old, fresh)) if a != b]
+    if len(old) != len(fresh):
+        diffs.append(f"report has {len(old)} lines, traces give {len(fresh)}")
+    return diffs

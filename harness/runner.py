@@ -1,0 +1,85 @@
+"""`harness run`: one generation, printed with accepted draft tokens marked, and a summary line."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from harness import metrics
+from harness.engine import EngineConfig
+from harness.errors import HarnessError
+from harness.loop import Request, check_fits, generate
+from harness.pair import open_pair
+from harness.prompts import Prompt
+from harness.sampling import Policy
+from harness.trace import TraceWriter
+
+
+def render_marked(vocab, tokens: list[int], from_draft: str, color: bool) -> str:
+    """Accepted draft tokens in green on a terminal, inside «» otherwise."""
+    out, run, run_is_draft = [], [], None
+
+    def flush():
+        if not run:
+            return
+        text = vocab.detokenize(run)
+        if run_is_draft:
+            text = click.style(text, fg="green") if color else f"«{text}»"
+        out.append(text)
+
+    for tok, src in zip(tokens, from_draft):
+        is_draft = src == "d"
+        if is_draft != run_is_draft:
+            flush()
+            run, run_is_draft = [], is_draft
+        run.append(tok)
+    flush()
+    return "".join(out)
+
+
+def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamma: int, max_tokens: int,
+            cfg: EngineConfig, draft_ngl: int, baseline: bool, trace_path: Path | None) -> None:
+    if draft and gamma < 1:
+        raise HarnessError(f"--gamma must be >= 1, got {gamma}")
+    if max_tokens < 1:
+        raise HarnessError(f"--max-tokens must be >= 1, got {max_tokens}")
+    pair = open_pair(target, draft, cfg, draft_ngl, check_texts=[prompt])
+    try:
+        text = prompt.render(pair.target.vocab)
+        tokens = pair.target.vocab.tokenize(text)
+        check_fits(len(tokens), max_tokens, gamma if draft else 0, pair.target.n_ctx)
+        req = Request(prompt.id, tokens, max_tokens, prompt.category)
+        common = {"target": pair.target_model.name, "draft": draft or "none", "policy": policy.label}
+        trace = TraceWriter(trace_path, keep=True, **common, mode="speculative" if draft else "baseline")
+        gen = generate(pair.target, req, policy, pair.proposer, gamma if draft else 0, trace)
+        trace.close()
+        color = sys.stdout.isatty()
+        click.echo(render_marked(pair.target.vocab, gen["tokens"], gen["from_draft"], color))
+        s = metrics.summary(trace.records)
+        line = f"tokens {s['tokens']}  {s['tokens_per_s']:.1f} tok/s  policy {policy.label}"
+        if draft:
+            rate = s["acceptance_rate"]
+            line = (f"draft {draft} gamma {gamma}  proposed {s['proposed']}  accepted {s['accepted']}  "
+                    f"acceptance {rate:.1%}  " if rate is not None else f"draft {draft}  proposed 0  ") + \
+                   (f"mean accepted/step {s['mean_accepted_len']:.2f}  alpha {s['alpha']:.3f}  "
+                    if s["mean_accepted_len"] is not None else "") + line
+        if baseline and draft:
+            btrace = TraceWriter(trace_path, keep=True, **common, mode="baseline")
+            base = generate(pair.target, req, policy, None, 0, btrace)
+            btrace.close()
+            line += f"  | baseline {base['tokens_per_s']:.1f} tok/s  speedup " \
+                    f"{gen['tokens_per_s'] / base['tokens_per_s']:.2f}x  outputs {_compare(gen, base, btrace, policy)}"
+        click.echo(line)
+    finally:
+        pair.close()
+
+
+def _compare(gen: dict, base: dict, btrace: TraceWriter, policy: Policy) -> str:
+    if gen["tokens"] == base["tokens"]:
+        return "equal"
+    if not policy.greedy:
+        return "differ (expected under sampling: equal in distribution, not token for token)"
+    margins = [r["margin"] for r in btrace.records if r.get("type") == "step"]
+    c = metrics.classify(gen["tokens"], base["tokens"], margins)
+    return f"differ at token {c['diverged_at']} ({c['kind']}, baseline top-2 margin {c['margin']})"

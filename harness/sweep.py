@@ -1,0 +1,163 @@
+"""A benchmark plan: one parameter set expanded into instances (llama-bench style), run each in its own
+worker process, results appended as they finish, resumable."""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import socket
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.sampling import Policy
+
+PROFILES_FILE = Path(os.environ.get("HARNESS_PROFILES", "profiles.toml"))
+LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads")
+SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx")
+
+
+@dataclass
+class Params:
+    target: list[str] = field(default_factory=list)
+    draft: list[str] = field(default_factory=lambda: ["none"])
+    gamma: list[int] = field(default_factory=lambda: [4])
+    temp: list[float] = field(default_factory=lambda: [0.0])
+    top_p: list[float] = field(default_factory=lambda: [1.0])
+    top_k: list[int] = field(default_factory=lambda: [0])
+    min_p: list[float] = field(default_factory=lambda: [0.0])
+    ngl: list[int] = field(default_factory=lambda: [0])
+    ngl_draft: list[int] = field(default_factory=lambda: [0])
+    threads: list[int] = field(default_factory=lambda: [0])
+    categories: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)
+    per_category: int = 0
+    max_tokens: int = 0  # 0: each prompt's own max_tokens
+    repeat: int = 1
+    seed: int = 0
+    n_ctx: int = 2048
+
+
+def load_profile(name: str, path: Path = PROFILES_FILE) -> dict:
+    if not path.exists():
+        raise HarnessError(f"profiles file {path} not found")
+    try:
+        profiles = tomllib.loads(path.read_text()).get("profiles", {})
+    except tomllib.TOMLDecodeError as e:
+        raise HarnessError(f"{path} is not valid TOML: {e}") from None
+    if name not in profiles:
+        raise HarnessError(f"unknown profile '{name}' (known: {', '.join(profiles) or 'none'}) in {path}")
+    prof = profiles[name]
+    unknown = set(prof) - set(LIST_KEYS) - set(SCALAR_KEYS)
+    if unknown:
+        raise HarnessError(f"profile '{name}' has unknown keys: {', '.join(sorted(unknown))}")
+    return prof
+
+
+def make_params(profile: dict, overrides: dict) -> Params:
+    """Profile values, then command-line overrides (lists given as 'a,b,c' strings)."""
+    p = Params()
+    for src in (profile, overrides):
+        for k, v in src.items():
+            if v is None:
+                continue
+            if k in LIST_KEYS:
+                v = _as_list(k, v)
+            elif k in ("categories", "prompts"):
+                v = [x for x in (v.split(",") if isinstance(v, str) else v) if x]
+            setattr(p, k, v)
+    if not p.target:
+        raise HarnessError("no target: give --target or a --profile")
+    return p
+
+
+def _as_list(key: str, v) -> list:
+    items = v if isinstance(v, list) else [x.strip() for x in str(v).split(",") if x.strip()]
+    conv = {"target": str, "draft": str, "gamma": int, "temp": float, "top_p": float, "top_k": int,
+            "min_p": float, "ngl": int, "ngl_draft": int, "threads": int}[key]
+    try:
+        return [conv(x) for x in items]
+    except ValueError:
+        raise HarnessError(f"--{key.replace('_', '-')}: cannot read {v!r} as a list of {conv.__name__}") from None
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    target: str
+    draft: str          # "none" for the plain baseline
+    gamma: int          # 0 for the baseline
+    policy: dict
+    ngl: int
+    ngl_draft: int
+    threads: int
+
+    @property
+    def baseline(self) -> bool:
+        return self.draft == "none"
+
+    @property
+    def id(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True)
+        tag = "base" if self.baseline else f"g{self.gamma}"
+        return f"{tag}-{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
+
+
+def expand(p: Params) -> list[Instance]:
+    for g in p.gamma:
+        if g < 1:
+            raise HarnessError(f"--gamma values must be >= 1, got {g}")
+    policies = [Policy(t, k, tp, mp, p.seed) for t, k, tp, mp in itertools.product(p.temp, p.top_k, p.top_p, p.min_p)]
+    policies = list(dict.fromkeys(Policy(0.0, 0, 1.0, 0.0, p.seed) if x.greedy else x for x in policies))
+    out: list[Instance] = []
+    for target, ngl, threads, pol in itertools.product(p.target, p.ngl, p.threads, policies):
+        out.append(Instance(target, "none", 0, pol.as_dict(), ngl, 0, threads))
+        for draft, g, ngl_d in itertools.product(p.draft, p.gamma, p.ngl_draft):
+            if draft != "none":
+                out.append(Instance(target, draft, g, pol.as_dict(), ngl, ngl_d, threads))
+    out = list({i.id: i for i in out}.values())
+    if not out:
+        raise HarnessError("the sweep expands to no configuration")
+    return out
+
+
+def new_run_dir(root: Path) -> Path:
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname().split('.')[0]}"
+    d = root / name
+    try:
+        d.mkdir(parents=True, exist_ok=False)
+        (d / "traces").mkdir()
+    except OSError as e:
+        raise HarnessError(f"cannot create the run directory {d}: {e.strerror}; choose a writable --out") from None
+    latest = root / "latest"
+    try:
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(name)
+    except OSError:
+        pass  # a convenience link only
+    return d
+
+
+def write_plan(run_dir: Path, plan: dict) -> None:
+    (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
+
+
+def read_plan(run_dir: Path) -> dict:
+    f = run_dir / "plan.json"
+    if not f.exists():
+        raise HarnessError(f"{run_dir} is not a benchmark run directory (no plan.json)")
+    return json.loads(f.read_text())
+
+
+def finished(run_dir: Path) -> dict[str, dict]:
+    """Results recorded so far, by instance id (the last record wins)."""
+    out = {}
+    f = run_dir / "results.jsonl"
+    if f.exists():
+        from harness.trace import read_records
+        for r in read_records(f):
+            out[r["config"]] = r
+    return out

@@ -1,0 +1,91 @@
+"""One benchmark configuration in its own process: clean RSS, and a crash in llama.cpp ends only this worker."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import resource
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.sweep import Instance
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.flush()
+
+
+def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path) -> dict:
+    from harness.engine import EngineConfig
+    from harness.loop import Request, check_fits, generate
+    from harness.pair import open_pair
+    from harness.sampling import Policy
+    from harness.trace import TraceWriter
+
+    t0 = time.perf_counter()
+    cfg = EngineConfig(n_ctx=n_ctx, n_gpu_layers=inst.ngl, threads=inst.threads)
+    pair = open_pair(inst.target, None if inst.baseline else inst.draft, cfg, inst.ngl_draft,
+                     check_alignment=False)  # the sweep checked every pair up front
+    trace_file = run_dir / "traces" / f"{inst.id}.jsonl"
+    trace_file.unlink(missing_ok=True)  # a rerun replaces a partial trace
+    mode = "baseline" if inst.baseline else "speculative"
+    try:
+        requests = []
+        for pr in prompts:
+            toks = pair.target.vocab.tokenize(pr.render(pair.target.vocab))
+            mt = max_tokens or pr.max_tokens
+            check_fits(len(toks), mt, inst.gamma, pair.target.n_ctx)
+            requests.append((pr, Request(pr.id, toks, mt, pr.category)))
+        for rep in range(repeat):
+            pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
+            for pr, req in requests:
+                tw = TraceWriter(trace_file, config=inst.id, mode=mode, category=pr.category,
+                                 prompt_id=pr.id, repeat=rep)
+                generate(pair.target, req, pol, pair.proposer, inst.gamma, tw, mode)
+                tw.close()
+        kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
+        return {"status": "ok", "kv_bytes": kv, "target_bytes": pair.target.path.stat().st_size,
+                "draft_bytes": pair.draft_engine.path.stat().st_size if pair.draft_engine else 0,
+                "target_load_ms": pair.target.load_ms,
+                "draft_load_ms": pair.draft_engine.load_ms if pair.draft_engine else 0.0,
+                "wall_s": time.perf_counter() - t0}
+    finally:
+        pair.close()
+
+
+def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str) -> None:
+    inst = Instance(**inst_d)
+    rd = Path(run_dir)
+    try:
+        res = run_instance(inst, prompts, max_tokens, repeat, n_ctx, rd)
+    except HarnessError as e:
+        res = {"status": "error", "error": str(e)}
+    except Exception as e:  # noqa: BLE001 - any failure becomes a row; the sweep goes on
+        res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    res["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    _append(rd / "results.jsonl", {"config": inst.id, **asdict(inst), **res})
+
+
+def run_in_worker(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path) -> dict:
+    """Run in a fresh process; a worker that dies (segfault, out of memory) still leaves an error row."""
+    from harness.sweep import finished
+    ctx = mp.get_context("spawn")
+    p = ctx.Process(target=_child, args=(asdict(inst), prompts, max_tokens, repeat, n_ctx, str(run_dir)))
+    p.start()
+    try:
+        p.join()
+    except BaseException:
+        p.terminate()
+        p.join()
+        raise
+    res = finished(run_dir).get(inst.id)
+    if p.exitcode != 0 or res is None:
+        why = f"worker died with signal {-p.exitcode}" if p.exitcode and p.exitcode < 0 else \
+            f"worker exited with code {p.exitcode}"
+        res = {"config": inst.id, **asdict(inst), "status": "error", "error": why}
+        _append(run_dir / "results.jsonl", res)
+    return res
