@@ -47,6 +47,45 @@ def _preflight(instances: list[Instance], prompts: list, skip_unsupported: bool)
     return skipped
 
 
+def cost_needs(instances: list[Instance]) -> set[tuple[str, int, int]]:
+    """(model, threads, ngl) triples whose decode costs the cost model needs."""
+    from harness.engine import EngineConfig
+    from harness.pair import parse_ngram
+    out = set()
+    for i in instances:
+        if i.baseline:
+            continue
+        t = EngineConfig(threads=i.threads).resolved_threads()
+        out.add((i.target, t, i.ngl))
+        if parse_ngram(i.draft) is None:
+            out.add((i.draft, t, i.ngl_draft))
+    return out
+
+
+def prepare_calibrations(instances: list[Instance], run_dir: Path, calibrate: bool) -> None:
+    """Copy (or, with --calibrate, measure) every needed calibration into the run directory.
+    Adaptive gamma cannot run without them."""
+    import shutil
+
+    from harness import calibrate as cal
+    from harness.models.catalog import resolve
+    needs = cost_needs(instances)
+    adaptive = any(i.adaptive for i in instances)
+    dest = run_dir / "calibration"
+    dest.mkdir(exist_ok=True)
+    for ref, threads, ngl in sorted(needs):
+        name = resolve(ref).name
+        src = cal.cal_path(name, threads, ngl)
+        if calibrate:
+            click.echo(f"calibrating {name} (threads {threads}, ngl {ngl})", err=True)
+            src = cal.save(cal.calibrate(ref, threads, ngl))
+        if src.exists():
+            shutil.copy(src, cal.cal_path(name, threads, ngl, dest))
+        elif adaptive:
+            raise HarnessError(f"--gamma auto needs the decode costs of {name} (threads {threads}, ngl {ngl}): run "
+                               f"`harness calibrate {name} --threads {threads} --ngl {ngl}` or add --calibrate")
+
+
 def _probe_ms(ref: str) -> float:
     """A few single-token decodes of a model: the basis of the up-front estimate."""
     from harness.engine import Engine, EngineConfig
@@ -80,7 +119,7 @@ def estimate_s(instances: list[Instance], prompts: list, max_tokens: int, repeat
 def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
               command: str) -> Path:
     from harness.report import write_reports
-    from harness.worker import _append, run_in_worker
+    from harness.worker import _append
 
     if resume:
         plan = read_plan(resume)
@@ -100,6 +139,14 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
         write_plan(run_dir, {"command": command, "params": asdict(params), "instances": [asdict(i) for i in instances],
                              "prompt_ids": [p.id for p in prompts], "categories": sorted({p.category for p in prompts}),
                              "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time()})
+    if any(i.adaptive for i in instances) or params.calibrate:
+        try:
+            prepare_calibrations([i for i in instances if i.id not in skipped], run_dir, params.calibrate)
+        except HarnessError:
+            if not resume:
+                import shutil
+                shutil.rmtree(run_dir)  # nothing ran: leave no empty run behind
+            raise
     done = finished(run_dir)
     todo = [i for i in instances if done.get(i.id, {}).get("status") not in ("ok", "skipped")]
     for i in todo:
@@ -128,13 +175,13 @@ def _run_all(todo: list[Instance], prompts: list, params: Params, run_dir: Path)
     from harness.worker import run_in_worker
     tty = sys.stderr.isatty()
     bar = click.progressbar(todo, label="configurations", file=sys.stderr, show_eta=True,
-                            item_show_func=lambda i: i and f"{i.draft} g{i.gamma}") if tty else None
+                            item_show_func=lambda i: i and f"{i.draft} g{i.gamma_label}") if tty else None
     items = bar.__enter__() if bar else todo
     try:
         for k, inst in enumerate(items, 1):
             res = run_in_worker(inst, prompts, params.max_tokens, params.repeat, params.n_ctx, run_dir)
             if not tty:
-                what = "baseline" if inst.baseline else f"{inst.draft} gamma={inst.gamma}"
+                what = "baseline" if inst.baseline else f"{inst.draft} gamma={inst.gamma_label}"
                 status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
                 click.echo(f"[{k}/{len(todo)}] {inst.target} {what} {json.dumps(inst.policy)}: {status}", err=True)
     finally:

@@ -126,7 +126,7 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--profile", help="A named profile from profiles.toml (make bench uses 'default').")
 @click.option("--target", help="Comma list of target names or paths.")
 @click.option("--draft", help="Comma list of drafts (names, paths, ngram:N); none = baseline only.")
-@click.option("--gamma", help="Comma list of draft lengths, e.g. 1,2,4,8.")
+@click.option("--gamma", help="Comma list of draft lengths, e.g. 1,2,4,8; auto or auto:N picks gamma per step.")
 @click.option("--temp", help="Comma list of temperatures (0 = greedy).")
 @click.option("--top-p", help="Comma list.")
 @click.option("--top-k", help="Comma list.")
@@ -144,6 +144,8 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--out", default="reports/runs", show_default=True, help="Where run directories go.")
 @click.option("--resume", "resume", type=click.Path(file_okay=False), help="Run only what RUN_DIR is missing.")
 @click.option("--skip-unsupported", is_flag=True, help="Record GPU configurations as skipped on a CPU-only build.")
+@click.option("--calibrate", is_flag=True, default=None,
+              help="Measure decode costs first (for --gamma auto and the cost-model table).")
 def bench(profile, out, resume, skip_unsupported, **opts):
     """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
     from pathlib import Path
@@ -188,9 +190,42 @@ def report(run_dir, formats, check_only):
     click.echo(str(md) if "md" in fmts else str(rd))
 
 
+@cli.command()
+@click.argument("model")
+@click.option("--threads", type=int, default=0, help="Default: physical cores.")
+@click.option("--ngl", type=int, default=0)
+@click.option("--k-max", type=int, default=16, show_default=True)
+@click.option("--reps", type=int, default=3, show_default=True)
+def calibrate(model, threads, ngl, k_max, reps):
+    """The llama_decode cost of k = 1..k-max tokens with all logits; stored for the cost model."""
+    from harness import calibrate as cal
+    c = cal.calibrate(model, threads, ngl, k_max, reps)
+    path = cal.save(c)
+    click.echo(tabulate(cal.table_rows(c), headers=["k", "ms", "ms/token", "vs k=1"], tablefmt="github"))
+    click.echo(f"{c['model']}, {c['threads']} threads, ngl {c['ngl']}: saved to {path}")
+
+
+@cli.command()
+@click.argument("reference")
+@click.argument("others", nargs=-1, required=True)
+@click.option("--categories", help="Comma list of prompt categories (default: all).")
+@click.option("--per-category", type=int, default=2, show_default=True)
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--threads", type=int, default=0)
+def fidelity(reference, others, categories, per_category, max_tokens, threads):
+    """What a lower quantization costs: alpha and top-1 agreement of OTHERS against REFERENCE, teacher-forced
+    on REFERENCE's greedy output, next to bytes, tokens/s and peak RSS."""
+    from harness.fidelity import fidelity_command
+    click.echo(fidelity_command(reference, list(others), categories, per_category, max_tokens, threads))
+
+
 def main():
     try:
         cli.main(prog_name="harness")
     except HarnessError as e:
         click.echo(f"harness: error: {e}", err=True)
         sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

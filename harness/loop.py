@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 
 from harness.engine import Engine
@@ -14,9 +12,6 @@ from harness.proposers import Proposal
 from harness.sampling import Policy, process, top_prob
 from harness.trace import TraceWriter
 from harness.verify import verify_greedy, verify_stochastic
-
-GammaFn = Callable[[int], int]  # step index -> gamma for that step
-
 
 @dataclass
 class Request:
@@ -42,10 +37,11 @@ def _margin(row: np.ndarray) -> float:
     return float(row[a] - second)
 
 
-def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma: GammaFn | int = 0,
+def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=0,
              trace: TraceWriter | None = None, mode: str | None = None) -> dict:
-    """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding."""
-    gamma_fn = gamma if callable(gamma) else (lambda _step, g=gamma: g)
+    """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding.
+    gamma is a fixed draft length or a controller with choose() and observe(alphas) (costmodel.AdaptiveGamma)."""
+    ctl = gamma if hasattr(gamma, "choose") else None
     mode = mode or ("baseline" if proposer is None else "speculative")
     trace = trace or TraceWriter(None)
     rng = np.random.default_rng(policy.seed)
@@ -68,7 +64,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma:
     step = 0
     while len(out) < req.max_tokens:
         remaining = req.max_tokens - len(out)
-        g = min(gamma_fn(step), remaining - 1) if proposer is not None else 0
+        g = min(ctl.choose() if ctl else gamma, remaining - 1) if proposer is not None else 0
         s0 = time.perf_counter()
         prop = proposer.propose(ctx, g) if g > 0 else Proposal()
         s1 = time.perf_counter()
@@ -101,6 +97,8 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma:
             proposer.accepted(ctx, k)
         s3 = time.perf_counter()
         instr_total += instr
+        if ctl and n_prop:
+            ctl.observe(verdict.alpha)
         rec = {"type": "step", "step": step, "gamma": g, "proposed": n_prop, "accepted": k,
                "rejected_at": k if k < n_prop else None, "token": verdict.token, "emitted": len(new),
                "alpha": [round(a, 6) for a in verdict.alpha], "target_conf": [round(c, 6) for c in conf],

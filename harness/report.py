@@ -28,6 +28,7 @@ def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
         inst = Instance(**d)
         res = results.get(inst.id, {})
         rows.append({"config": inst.id, "target": inst.target, "draft": inst.draft, "gamma": inst.gamma,
+                     "adaptive": inst.adaptive, "gamma_label": inst.gamma_label,
                      "policy": Policy(**inst.policy).label, "ngl": inst.ngl, "ngl_draft": inst.ngl_draft,
                      "threads": inst.threads, "status": res.get("status", "not run"),
                      "error": res.get("error", ""), "peak_rss_bytes": res.get("peak_rss_bytes"),
@@ -70,8 +71,9 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
                       _compact(metrics.rejection_histogram(spec, keys), "rejected_at", "steps", "d"),
                       _compact(metrics.by_confidence(spec, keys), "target_conf", "accept_prob", ".2f")):
             sweep = sweep.join(extra, on=keys, how="left")
-    be = [verdict.break_even_rate(r["step_ms"] or 0, 1 / r["base_tokens_per_ms"] if r["base_tokens_per_ms"] else 0,
-                                  r["gamma"]) for r in sweep.iter_rows(named=True)]
+    be = [None if r["adaptive"] else verdict.break_even_rate(
+        r["step_ms"] or 0, 1 / r["base_tokens_per_ms"] if r["base_tokens_per_ms"] else 0, r["gamma"])
+        for r in sweep.iter_rows(named=True)]
     sweep = sweep.with_columns(pl.Series("break_even_rate", be, dtype=pl.Float64))
     out["sweep"] = sweep
     out["equivalence"] = equivalence(steps, gens, cfg)
@@ -166,11 +168,11 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame]) -> str:
     if sweep is None or not len(sweep):
         lines += ["No configuration finished.", ""]
     else:
-        lines += _verdicts(sweep) + _per_category(sweep) + _quantization(sweep) + _memory(sweep) + \
-            _equivalence(data.get("equivalence"), cfg)
+        lines += _verdicts(sweep) + _per_category(sweep) + _cost_model(sweep, run_dir) + _quantization(sweep) + \
+            _memory(sweep) + _equivalence(data.get("equivalence"), cfg)
     if len(failed):
         lines += ["## Configurations that did not finish", "",
-                  _table([[r["config"], r["draft"], r["gamma"], r["policy"], r["status"], r["error"]]
+                  _table([[r["config"], r["draft"], r["gamma_label"], r["policy"], r["status"], r["error"]]
                           for r in failed.iter_rows(named=True)],
                          ["config", "draft", "gamma", "policy", "status", "error"]), ""]
     lines += ["## How to read this", "",
@@ -205,14 +207,19 @@ def _verdicts(sweep: pl.DataFrame) -> list[str]:
             why = verdict.where_time_goes(s["draft_ms"], s["verify_ms"], s["overhead_ms"])
             if s["verify_ms_per_call"] and b["tokens_per_ms"]:
                 why += f"; a verify call costs {s['verify_ms_per_call'] * b['tokens_per_ms']:.1f}x a plain decode"
-        be = s["break_even_rate"]
-        rows.append([cat, pol, _f(b["tokens_per_s"], ".1f"), f"{s['draft']} g={s['gamma']}", _f(s["tokens_per_s"], ".1f"),
-                     _f(s["speedup"]) + "x", _f(s["acceptance_rate"], ".0%"), "unreachable" if be is None else f"{be:.0%}",
-                     decision, why])
+        rows.append([cat, pol, _f(b["tokens_per_s"], ".1f"), f"{s['draft']} g={s['gamma_label']}",
+                     _f(s["tokens_per_s"], ".1f"), _f(s["speedup"]) + "x", _f(s["acceptance_rate"], ".0%"),
+                     _break_even(s), decision, why])
     return ["## Verdict per category", "",
             "Best speculative configuration per category and policy against plain decoding.", "",
             _table(rows, ["category", "policy", "plain tok/s", "best (draft, gamma)", "tok/s", "speedup",
                           "acceptance", "break-even acceptance", "verdict", "where the time goes"]), ""]
+
+
+def _break_even(r: dict) -> str:
+    if r["adaptive"]:
+        return "n/a (adaptive)"
+    return "unreachable" if r["break_even_rate"] is None else f"{r['break_even_rate']:.0%}"
 
 
 def _per_category(sweep: pl.DataFrame) -> list[str]:
@@ -224,16 +231,62 @@ def _per_category(sweep: pl.DataFrame) -> list[str]:
         rows = []
         for r in g.sort(["policy", "draft", "gamma"]).iter_rows(named=True):
             spec = r["draft"] != "none"
-            rows.append([r["draft"], r["gamma"], r["policy"], r["ngl"], r["proposed"] if spec else "",
+            rows.append([r["draft"], r["gamma_label"], r["policy"], r["ngl"], r["proposed"] if spec else "",
                          r["accepted"] if spec else "", _f(r["acceptance_rate"], ".1%"), _f(r["mean_accepted_len"]),
                          _f(r["tokens_per_call"]), _f(r["alpha"], ".3f"), _f(r["draft_ms_per_step"], ".1f"),
                          _f(r["verify_ms_per_call"], ".1f"), _f(r["overhead_ms_per_call"], ".2f"),
                          _f(r["tokens_per_s"], ".1f"), _f(r["speedup"]) + "x", _f(r["latency_ms"], ".0f"),
-                         ("unreachable" if r["break_even_rate"] is None else f"{r['break_even_rate']:.0%}") if spec else "",
+                         _break_even(r) if spec else "",
                          r.get("pos_accept_prob") or "", r.get("rejected_at_steps") or "",
                          r.get("target_conf_accept_prob") or ""])
         lines += [f"### {cat[0]}", "", _table(rows, cols), ""]
     return lines
+
+
+def _costs_for(r: dict, run_dir: Path):
+    from harness import calibrate as cal
+    from harness.costmodel import Costs
+    from harness.engine import EngineConfig
+    from harness.pair import parse_ngram
+    threads = EngineConfig(threads=r["threads"]).resolved_threads()
+    t = cal.load(r["target"], threads, r["ngl"], run_dir / "calibration")
+    ngram = parse_ngram(r["draft"]) is not None
+    d = None if ngram else cal.load(r["draft"], threads, r["ngl_draft"], run_dir / "calibration")
+    if t is None or (d is None and not ngram):
+        return None
+    return Costs(t["ms"], 0.0 if ngram else d["ms"][0], r["overhead_ms_per_call"] or 0.0)
+
+
+def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> list[str]:
+    """Predicted speedup from calibrated costs and measured alpha, against the measured speedup."""
+    from harness.costmodel import best_gamma, predicted_speedup
+    rows, best = [], {}
+    spec = sweep.filter((pl.col("draft") != "none") & pl.col("alpha").is_not_null())
+    for r in spec.sort(["category", "policy", "draft", "gamma"]).iter_rows(named=True):
+        costs = _costs_for(r, run_dir)
+        if costs is None or r["gamma"] + 1 > len(costs.target_ms):
+            continue
+        if r["adaptive"]:
+            rows.append([r["category"], r["policy"], r["draft"], f"auto<={r['gamma']}", _f(r["alpha"], ".3f"), "",
+                         _f(r["speedup"]) + "x", ""])
+            continue
+        pred = predicted_speedup(r["alpha"], r["gamma"], costs)
+        err = (pred / r["speedup"] - 1) if r["speedup"] else None
+        rows.append([r["category"], r["policy"], r["draft"], r["gamma"], _f(r["alpha"], ".3f"), _f(pred) + "x",
+                     _f(r["speedup"]) + "x", _f(err, "+.0%")])
+        key = (r["category"], r["policy"], r["draft"])
+        best.setdefault(key, (r["alpha"], costs, []))[2].append(r["gamma"])
+    if not rows:
+        return []
+    rec = [[c, p, d, best_gamma(a, costs, max(len(costs.target_ms) - 1, 1)) or "0 (plain)"]
+           for (c, p, d), (a, costs, _) in best.items()]
+    return ["## Cost model", "",
+            "Predicted speedup = E * T_target(1) / (gamma * T_draft(1) + T_verify(gamma+1) + overhead), "
+            "E = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023), with the decode costs calibrated "
+            "in this run (`calibration/`), this row's measured alpha and per-step overhead.", "",
+            _table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error"]), "",
+            "Recommended gamma (the cost model's best at the measured alpha; 0 = plain decoding):", "",
+            _table(rec, ["category", "policy", "draft", "gamma"]), ""]
 
 
 def _quantization(sweep: pl.DataFrame) -> list[str]:
@@ -255,8 +308,8 @@ def _quantization(sweep: pl.DataFrame) -> list[str]:
 
 def _memory(sweep: pl.DataFrame) -> list[str]:
     m = sweep.group_by("config", maintain_order=True).agg(
-        pl.col("draft", "gamma", "policy", "peak_rss_bytes", "target_bytes", "draft_bytes", "kv_bytes").first())
-    rows = [[r["draft"], r["gamma"], r["policy"], _mib(r["peak_rss_bytes"]),
+        pl.col("draft", "gamma_label", "policy", "peak_rss_bytes", "target_bytes", "draft_bytes", "kv_bytes").first())
+    rows = [[r["draft"], r["gamma_label"], r["policy"], _mib(r["peak_rss_bytes"]),
              _mib((r["target_bytes"] or 0) + (r["draft_bytes"] or 0)), _mib(r["kv_bytes"])] for r in m.iter_rows(named=True)]
     return ["## Memory", "", "Peak RSS of each configuration's worker process; model files; KV cache at n_ctx (f16).",
             "", _table(rows, ["draft", "gamma", "policy", "peak RSS", "model files", "KV cache"]), ""]
@@ -265,8 +318,8 @@ def _memory(sweep: pl.DataFrame) -> list[str]:
 def _equivalence(eq: pl.DataFrame | None, cfg: pl.DataFrame) -> list[str]:
     if eq is None or not len(eq):
         return []
-    e = eq.join(cfg.select("config", "draft", "gamma"), on="config")
-    rows = [[r["category"], r["draft"], r["gamma"], r["generations"], _f(r["exact_match_pct"], ".0f") + "%",
+    e = eq.join(cfg.select("config", "draft", "gamma", "gamma_label"), on="config")
+    rows = [[r["category"], r["draft"], r["gamma_label"], r["generations"], _f(r["exact_match_pct"], ".0f") + "%",
              r["near_ties"], r["mismatches"]] for r in e.sort(["category", "draft", "gamma"]).iter_rows(named=True)]
     return ["## Output equivalence (greedy)", "",
             f"Greedy speculative output against greedy plain decoding. A divergence is a near-tie when the "

@@ -17,14 +17,14 @@ from harness.sampling import Policy
 
 PROFILES_FILE = Path(os.environ.get("HARNESS_PROFILES", "profiles.toml"))
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads")
-SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx")
+SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate")
 
 
 @dataclass
 class Params:
     target: list[str] = field(default_factory=list)
     draft: list[str] = field(default_factory=lambda: ["none"])
-    gamma: list[int] = field(default_factory=lambda: [4])
+    gamma: list = field(default_factory=lambda: [4])  # ints, or "auto" / "auto:N"
     temp: list[float] = field(default_factory=lambda: [0.0])
     top_p: list[float] = field(default_factory=lambda: [1.0])
     top_k: list[int] = field(default_factory=lambda: [0])
@@ -39,6 +39,7 @@ class Params:
     repeat: int = 1
     seed: int = 0
     n_ctx: int = 2048
+    calibrate: bool = False
 
 
 def load_profile(name: str, path: Path = PROFILES_FILE) -> dict:
@@ -76,12 +77,27 @@ def make_params(profile: dict, overrides: dict) -> Params:
 
 def _as_list(key: str, v) -> list:
     items = v if isinstance(v, list) else [x.strip() for x in str(v).split(",") if x.strip()]
-    conv = {"target": str, "draft": str, "gamma": int, "temp": float, "top_p": float, "top_k": int,
+    if key == "gamma":
+        return [_gamma(x) for x in items]
+    conv = {"target": str, "draft": str, "temp": float, "top_p": float, "top_k": int,
             "min_p": float, "ngl": int, "ngl_draft": int, "threads": int}[key]
     try:
         return [conv(x) for x in items]
     except ValueError:
         raise HarnessError(f"--{key.replace('_', '-')}: cannot read {v!r} as a list of {conv.__name__}") from None
+
+
+def _gamma(x) -> int | str:
+    """An int, or 'auto' / 'auto:N' (adaptive gamma up to N)."""
+    if isinstance(x, str) and x.startswith("auto"):
+        _, _, n = x.partition(":")
+        if n and not n.isdigit():
+            raise HarnessError(f"--gamma {x}: use auto or auto:N")
+        return x
+    try:
+        return int(x)
+    except ValueError:
+        raise HarnessError(f"--gamma: cannot read {x!r} (an integer >= 1, auto or auto:N)") from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,6 +109,11 @@ class Instance:
     ngl: int
     ngl_draft: int
     threads: int
+    adaptive: bool = False  # gamma chosen per step in 0..gamma by the cost model
+
+    @property
+    def gamma_label(self) -> str:
+        return f"auto<={self.gamma}" if self.adaptive else str(self.gamma)
 
     @property
     def baseline(self) -> bool:
@@ -101,22 +122,25 @@ class Instance:
     @property
     def id(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True)
-        tag = "base" if self.baseline else f"g{self.gamma}"
+        tag = "base" if self.baseline else ("auto" if self.adaptive else f"g{self.gamma}")
         return f"{tag}-{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
 
 
 def expand(p: Params) -> list[Instance]:
-    for g in p.gamma:
+    fixed = [g for g in p.gamma if isinstance(g, int)]
+    for g in fixed:
         if g < 1:
             raise HarnessError(f"--gamma values must be >= 1, got {g}")
+    gammas = [(g, False) if isinstance(g, int) else (int(g.partition(":")[2] or max(fixed, default=8)), True)
+              for g in p.gamma]
     policies = [Policy(t, k, tp, mp, p.seed) for t, k, tp, mp in itertools.product(p.temp, p.top_k, p.top_p, p.min_p)]
     policies = list(dict.fromkeys(Policy(0.0, 0, 1.0, 0.0, p.seed) if x.greedy else x for x in policies))
     out: list[Instance] = []
     for target, ngl, threads, pol in itertools.product(p.target, p.ngl, p.threads, policies):
         out.append(Instance(target, "none", 0, pol.as_dict(), ngl, 0, threads))
-        for draft, g, ngl_d in itertools.product(p.draft, p.gamma, p.ngl_draft):
+        for draft, (g, auto), ngl_d in itertools.product(p.draft, gammas, p.ngl_draft):
             if draft != "none":
-                out.append(Instance(target, draft, g, pol.as_dict(), ngl, ngl_d, threads))
+                out.append(Instance(target, draft, g, pol.as_dict(), ngl, ngl_d, threads, auto))
     out = list({i.id: i for i in out}.values())
     if not out:
         raise HarnessError("the sweep expands to no configuration")

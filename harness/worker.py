@@ -40,12 +40,16 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
             mt = max_tokens or pr.max_tokens
             check_fits(len(toks), mt, inst.gamma, pair.target.n_ctx)
             requests.append((pr, Request(pr.id, toks, mt, pr.category)))
+        controllers = {}
         for rep in range(repeat):
             pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
             for pr, req in requests:
                 tw = TraceWriter(trace_file, config=inst.id, mode=mode, category=pr.category,
                                  prompt_id=pr.id, repeat=rep)
-                generate(pair.target, req, pol, pair.proposer, inst.gamma, tw, mode)
+                gamma = inst.gamma
+                if inst.adaptive:
+                    gamma = controllers.setdefault(pr.category, adaptive_controller(inst, pair, run_dir))
+                generate(pair.target, req, pol, pair.proposer, gamma, tw, mode)
                 tw.close()
         kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
         return {"status": "ok", "kv_bytes": kv, "target_bytes": pair.target.path.stat().st_size,
@@ -55,6 +59,18 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
                 "wall_s": time.perf_counter() - t0}
     finally:
         pair.close()
+
+
+def adaptive_controller(inst: Instance, pair, run_dir: Path):
+    """One controller per category, fed by the run's calibrations (bench checked they exist)."""
+    from harness import calibrate as cal
+    from harness.costmodel import AdaptiveGamma, Costs
+    threads = pair.target.cfg.resolved_threads()
+    t = cal.load(pair.target_model.name, threads, inst.ngl, run_dir / "calibration")
+    d = cal.load(pair.draft_model.name, threads, inst.ngl_draft, run_dir / "calibration") if pair.draft_model else None
+    if t is None or (pair.draft_model and d is None):
+        raise HarnessError("adaptive gamma needs calibrations in the run directory: rerun bench with --calibrate")
+    return AdaptiveGamma(Costs(t["ms"], d["ms"][0] if d else 0.0), inst.gamma)
 
 
 def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str) -> None:

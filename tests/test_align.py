@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("gguf")
 
-from tiny_gguf import build_tokenizer, make_fixture_set
+from tests.tiny_gguf import build_tokenizer, make_fixture_set
 
 from harness import align
 from harness.errors import HarnessError
@@ -117,7 +117,7 @@ def test_padding_target_larger(fx):
 
 
 def test_chat_template_difference_is_a_warning(tmp_path):
-    from tiny_gguf import write_tiny_model
+    from tests.tiny_gguf import write_tiny_model
     a = write_tiny_model(tmp_path / "a.gguf")
     b = write_tiny_model(tmp_path / "b.gguf", chat_template=None)
     r = align.check_pair(a, b)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_gguf import (
+from tests.tiny_gguf import (
     CHATML_TEMPLATE,
     FIXTURE_NAMES,
     VARIANT_PRE,

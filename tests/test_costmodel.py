@@ -1,0 +1,55 @@
+"""Cost model, break-even and the adaptive gamma controller: pure functions."""
+import pytest
+
+from harness.costmodel import AdaptiveGamma, Costs, best_gamma, expected_tokens, predicted_speedup
+from harness.errors import HarnessError
+from harness.verdict import break_even_rate, decide
+
+
+def test_expected_tokens_matches_the_series():
+    for a in (0.0, 0.3, 0.8, 0.99):
+        for g in (1, 2, 4, 8):
+            assert expected_tokens(a, g) == pytest.approx(sum(a**i for i in range(g + 1)))
+    assert expected_tokens(1.0, 4) == 5
+    assert expected_tokens(0.5, 0) == 1
+
+
+# decode cost of k tokens on the 2-core CPU, shaped like ../shared/MODELS.md: verification is compute-bound
+CPU = Costs(target_ms=[34, 59, 80, 97, 120, 140, 170, 212, 240], draft_ms=20)
+# a GPU-like curve: a block of 8 costs little more than one token
+GPU = Costs(target_ms=[10, 10.5, 11, 11.5, 12, 12.5, 13, 13.5, 14], draft_ms=2)
+
+
+def test_predicted_speedup_cpu_loses_gpu_wins():
+    assert predicted_speedup(0.83, 3, CPU) < 1
+    assert predicted_speedup(0.83, 3, GPU) > 1.5
+    assert best_gamma(0.83, CPU, 8) == 0
+    assert best_gamma(0.83, GPU, 8) >= 4
+    assert best_gamma(0.1, GPU, 8) <= 1
+
+
+def test_verify_beyond_the_calibration_is_refused():
+    with pytest.raises(HarnessError, match="k-max"):
+        CPU.verify(12)
+
+
+def test_adaptive_gamma_switches_off_and_probes_back():
+    ctl = AdaptiveGamma(CPU, 4, prior=0.9, probe_every=4)
+    assert ctl.choose() == 0  # on this CPU even alpha 0.9 loses
+    ctl = AdaptiveGamma(GPU, 6, prior=0.9)
+    g = ctl.choose()
+    assert g >= 4
+    for _ in range(60):
+        ctl.observe([0.0] * g)
+    assert ctl.choose() <= 1
+    ctl = AdaptiveGamma(Costs([30, 100, 130, 160, 190], 25), 4, prior=0.05, probe_every=3)
+    picks = [ctl.choose() for _ in range(6)]
+    assert picks.count(0) == 4 and picks.count(1) == 2  # plain steps, with a periodic probe
+
+
+def test_break_even_rate():
+    # a step of 3 decodes' cost with gamma 4 needs (3 - 1) / 4 = 50% acceptance
+    assert break_even_rate(90, 30, 4) == pytest.approx(0.5)
+    assert break_even_rate(200, 30, 4) is None  # even 100% cannot pay for it
+    assert break_even_rate(20, 30, 2) == 0.0
+    assert decide(0.05, 0.04) == "speculate" and decide(0.03, 0.04) == "plain decoding"
