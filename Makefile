@@ -16,7 +16,7 @@ SETUP_STAMP := $(VENV)/.setup-$(BUILD_TAG)
 PROFILE ?= default
 TEST_MODELS := smollm2-135m-instruct-q4_1 smollm2-135m-instruct-q2_k
 
-.PHONY: setup models test-models bench test report lint clean clean-models
+.PHONY: setup models test-models bench bench-engine test report lint clean clean-models
 
 setup: $(SETUP_STAMP)
 
@@ -56,3 +56,8 @@ clean:
 
 clean-models:
 	rm -rf models
+
+# Figures for the README (run alone on a quiet machine): engine speed, alignment-check speed.
+bench-engine: setup models
+	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_check_speed.py
