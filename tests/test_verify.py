@@ -1,4 +1,6 @@
 """The verifier, tested statistically: emitted tokens must be distributed as the target's p."""
+import zlib
+
 import numpy as np
 import pytest
 from scipy.stats import chisquare
@@ -49,7 +51,7 @@ def chi2_pvalue(counts: np.ndarray, p: Dist) -> float:
 @pytest.mark.parametrize("case", PAIRS)
 def test_stochastic_verifier_emits_target_distribution(case):
     p, q = (dist(w) for w in PAIRS[case])
-    counts = emitted_first_tokens(p, q, verify_stochastic, seed=hash(case) % 2**32)
+    counts = emitted_first_tokens(p, q, verify_stochastic, seed=zlib.crc32(case.encode()))  # fixed: reproducible
     assert chi2_pvalue(counts, p) > 0.01
 
 
