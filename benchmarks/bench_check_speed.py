@@ -11,11 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from harness import align
 from harness.engine import llama
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PAIRS = {
     "qwen2.5-coder 1.5b / 0.5b": ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),

@@ -54,7 +54,8 @@ def main() -> None:
             step_ms = sum(r["draft_ms"] + r["verify_ms"] + r["overhead_ms"] for r in steps)
             over = sum(r["overhead_ms"] for r in steps)
             acc = sum(r["accepted"] for r in steps) / max(1, sum(r["proposed"] for r in steps))
-            print(f"  speculative gamma={gamma}: {s['tokens_per_s']:.1f} tok/s ({s['tokens_per_s'] / base:.2f}x plain), "
+            print(f"  speculative gamma={gamma}: {s['tokens_per_s']:.1f} tok/s "
+                  f"({s['tokens_per_s'] / base:.2f}x plain), "
                   f"acceptance {acc:.0%}, overhead {over / len(steps):.2f} ms/step = {over / step_ms:.2%} of step time")
         # stochastic verification cost per position on real target logits
         t.reset()

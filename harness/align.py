@@ -308,13 +308,7 @@ def require_aligned(target_path, draft_path, prompts: list[Prompt] | None = None
 
 def _resolve_path(ref: str) -> Path:
     from harness.models import catalog
-    try:
-        cat = catalog.load_catalog()
-    except HarnessError:
-        if not Path(ref).exists():
-            raise
-        cat = {}  # no catalog here, but the ref is a file: that is enough
-    return catalog.require_present(catalog.resolve(ref, cat))
+    return catalog.require_present(catalog.resolve(ref))
 
 
 def check_command(target_ref: str, draft_ref: str, prompts_path: str | None, as_json: bool) -> tuple[str, int]:

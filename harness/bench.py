@@ -151,7 +151,8 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     todo = [i for i in instances if done.get(i.id, {}).get("status") not in ("ok", "skipped")]
     for i in todo:
         if i.id in skipped:
-            _append(run_dir / "results.jsonl", {"config": i.id, **asdict(i), "status": "skipped", "error": skipped[i.id]})
+            _append(run_dir / "results.jsonl",
+                    {"config": i.id, **asdict(i), "status": "skipped", "error": skipped[i.id]})
     todo = [i for i in todo if i.id not in skipped]
     click.echo(f"run directory: {run_dir}", err=True)
     click.echo(f"{len(instances)} configurations ({len(todo)} to run) x {len(prompts)} prompts x "

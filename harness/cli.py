@@ -112,7 +112,8 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
 @cli.command()
 @click.argument("target")
 @click.argument("draft")
-@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), help="A prompt JSONL file for the round trip.")
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False),
+              help="A prompt JSONL file for the round trip.")
 @click.option("--json", "as_json", is_flag=True)
 def check(target, draft, prompts_path, as_json):
     """Tokenizer alignment of TARGET and DRAFT: exit 0 aligned, 2 misaligned."""
@@ -169,7 +170,8 @@ def bench(profile, out, resume, skip_unsupported, **opts):
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--format", "formats", default="md", show_default=True, help="Comma list: md, csv, json, parquet.")
-@click.option("--check", "check_only", is_flag=True, help="Recompute every figure from the traces; fail on any difference.")
+@click.option("--check", "check_only", is_flag=True,
+              help="Recompute every figure from the traces; fail on any difference.")
 def report(run_dir, formats, check_only):
     """Regenerate the report of RUN_DIR from its traces (or check it)."""
     from pathlib import Path

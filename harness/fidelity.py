@@ -13,7 +13,7 @@ Children write their logits to a temporary directory; the parent compares them o
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
+
 import resource
 import shutil
 import sys
@@ -25,6 +25,8 @@ import numpy as np
 
 from harness.errors import HarnessError
 from harness.models.catalog import Model
+from harness.models.store import read_sidecar
+from harness.procs import death, run_isolated
 from harness.prompts import Prompt
 
 CAPTION = ("alpha = sum min(p, q) and top-1 agreement vs the reference, teacher-forced on the reference's greedy "
@@ -36,25 +38,16 @@ _ROW_CHUNK = 16  # rows per softmax block in the comparison (bounded memory for 
 def _resolve(ref: str) -> Model:
     """A catalog name or a .gguf path; a path is enough when there is no catalog here."""
     from harness.models import catalog
-    try:
-        cat = catalog.load_catalog()
-    except HarnessError:
-        if not Path(ref).exists():
-            raise
-        cat = {}
-    m = catalog.resolve(ref, cat)
-    if m.kind == "file" and m.name in cat and cat[m.name].path.resolve() == m.path.resolve():
-        m = cat[m.name]  # a path to a catalog file: keep its quant and derivation
+    m = catalog.resolve(ref)
+    if m.kind == "file":
+        try:
+            cat = catalog.load_catalog()
+        except HarnessError:
+            cat = {}  # no catalog here: the path is enough
+        if m.name in cat and cat[m.name].path.resolve() == m.path.resolve():
+            m = cat[m.name]  # a path to a catalog file: keep its quant and derivation
     catalog.require_present(m)
     return m
-
-
-def _sidecar(path: Path) -> dict:
-    try:
-        d = json.loads(Path(f"{path}.json").read_text())
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def _quant(m: Model, side: dict) -> str:
@@ -73,7 +66,7 @@ def _file_type_name(ftype) -> str:
 
 
 def _describe(m: Model) -> dict:
-    side = _sidecar(m.path)
+    side = read_sidecar(m.path)
     requant = m.kind == "derived" or side.get("requantized") is True
     note = ""
     if requant:
@@ -168,14 +161,7 @@ def _child(job: dict, result_path: str) -> None:
 def _spawn(target, job: dict, result_path: Path) -> dict:
     """Run target(job, result_path) in a fresh spawned process; a process that dies still gives a result."""
     result_path.unlink(missing_ok=True)
-    p = mp.get_context("spawn").Process(target=target, args=(job, str(result_path)))
-    p.start()
-    try:
-        p.join()
-    except BaseException:
-        p.terminate()
-        p.join()
-        raise
+    code = run_isolated(target, job, str(result_path))
     res = None
     if result_path.exists():
         try:
@@ -183,9 +169,7 @@ def _spawn(target, job: dict, result_path: Path) -> dict:
         except ValueError:
             res = None
     if not isinstance(res, dict):  # a result written before a crash at exit still counts
-        why = (f"worker died with signal {-p.exitcode}" if p.exitcode and p.exitcode < 0
-               else f"worker exited with code {p.exitcode} without a result")
-        res = {"status": "error", "error": why}
+        res = {"status": "error", "error": death(code) + " without a result"}
     return res
 
 

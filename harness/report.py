@@ -62,7 +62,8 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
         div(pl.col("draft_ms") + pl.col("verify_ms") + pl.col("overhead_ms"), pl.col("target_calls")).alias("step_ms"),
     )
     base = sweep.filter(pl.col("draft") == "none").select(
-        *BASE_KEYS, pl.col("tokens_per_ms").alias("base_tokens_per_ms"), pl.col("tokens_per_s").alias("base_tokens_per_s"))
+        *BASE_KEYS, pl.col("tokens_per_ms").alias("base_tokens_per_ms"),
+        pl.col("tokens_per_s").alias("base_tokens_per_s"))
     sweep = sweep.join(base, on=BASE_KEYS, how="left").with_columns(
         (pl.col("tokens_per_ms") / pl.col("base_tokens_per_ms")).alias("speedup"))
     spec = steps.filter(pl.col("proposed") > 0)
@@ -105,7 +106,8 @@ def equivalence(steps: pl.DataFrame, gens: pl.DataFrame, cfg: pl.DataFrame) -> p
         return pl.DataFrame()
     return pl.DataFrame(rows, infer_schema_length=None).group_by(["config", "category"], maintain_order=True).agg(
         pl.len().alias("generations"), (pl.col("equal").mean() * 100).alias("exact_match_pct"),
-        (pl.col("kind") == "near-tie").sum().alias("near_ties"), (pl.col("kind") == "mismatch").sum().alias("mismatches"))
+        (pl.col("kind") == "near-tie").sum().alias("near_ties"),
+        (pl.col("kind") == "mismatch").sum().alias("mismatches"))
 
 
 # -- rendering -----------------------------------------------------------------------------------------------
@@ -310,7 +312,8 @@ def _memory(sweep: pl.DataFrame) -> list[str]:
     m = sweep.group_by("config", maintain_order=True).agg(
         pl.col("draft", "gamma_label", "policy", "peak_rss_bytes", "target_bytes", "draft_bytes", "kv_bytes").first())
     rows = [[r["draft"], r["gamma_label"], r["policy"], _mib(r["peak_rss_bytes"]),
-             _mib((r["target_bytes"] or 0) + (r["draft_bytes"] or 0)), _mib(r["kv_bytes"])] for r in m.iter_rows(named=True)]
+             _mib((r["target_bytes"] or 0) + (r["draft_bytes"] or 0)), _mib(r["kv_bytes"])]
+            for r in m.iter_rows(named=True)]
     return ["## Memory", "", "Peak RSS of each configuration's worker process; model files; KV cache at n_ctx (f16).",
             "", _table(rows, ["draft", "gamma", "policy", "peak RSS", "model files", "KV cache"]), ""]
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import resource
 import time
 import traceback
@@ -10,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.procs import death, run_isolated
 from harness.sweep import Instance
 
 
@@ -89,19 +89,9 @@ def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int
 def run_in_worker(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path) -> dict:
     """Run in a fresh process; a worker that dies (segfault, out of memory) still leaves an error row."""
     from harness.sweep import finished
-    ctx = mp.get_context("spawn")
-    p = ctx.Process(target=_child, args=(asdict(inst), prompts, max_tokens, repeat, n_ctx, str(run_dir)))
-    p.start()
-    try:
-        p.join()
-    except BaseException:
-        p.terminate()
-        p.join()
-        raise
+    code = run_isolated(_child, asdict(inst), prompts, max_tokens, repeat, n_ctx, str(run_dir))
     res = finished(run_dir).get(inst.id)
-    if p.exitcode != 0 or res is None:
-        why = f"worker died with signal {-p.exitcode}" if p.exitcode and p.exitcode < 0 else \
-            f"worker exited with code {p.exitcode}"
-        res = {"config": inst.id, **asdict(inst), "status": "error", "error": why}
+    if code != 0 or res is None:
+        res = {"config": inst.id, **asdict(inst), "status": "error", "error": death(code)}
         _append(run_dir / "results.jsonl", res)
     return res
