@@ -27,7 +27,7 @@ $(SETUP_STAMP): pyproject.toml
 	  { echo "building llama-cpp-python $(LLAMA_VERSION) from source (CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)'), about 5-10 minutes on 2 cores"; \
 	    CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel -q --no-cache-dir --no-deps -w $(WHEEL_CACHE) llama-cpp-python==$(LLAMA_VERSION); }
 	$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,plot]'
 	rm -f $(VENV)/.setup-*
 	touch $@
 

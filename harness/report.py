@@ -170,8 +170,9 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame]) -> str:
     if sweep is None or not len(sweep):
         lines += ["No configuration finished.", ""]
     else:
-        lines += _verdicts(sweep) + _per_category(sweep) + _cost_model(sweep, run_dir) + _quantization(sweep) + \
-            _memory(sweep) + _equivalence(data.get("equivalence"), cfg)
+        cost_lines, points = _cost_model(sweep, run_dir)
+        lines += _verdicts(sweep) + _per_category(sweep) + cost_lines + _quantization(sweep) + \
+            _memory(sweep) + _equivalence(data.get("equivalence"), cfg) + _plots(sweep, points, run_dir)
     if len(failed):
         lines += ["## Configurations that did not finish", "",
                   _table([[r["config"], r["draft"], r["gamma_label"], r["policy"], r["status"], r["error"]]
@@ -259,10 +260,10 @@ def _costs_for(r: dict, run_dir: Path):
     return Costs(t["ms"], 0.0 if ngram else d["ms"][0], r["overhead_ms_per_call"] or 0.0)
 
 
-def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> list[str]:
+def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:
     """Predicted speedup from calibrated costs and measured alpha, against the measured speedup."""
     from harness.costmodel import best_gamma, predicted_speedup
-    rows, best = [], {}
+    rows, best, points = [], {}, []
     spec = sweep.filter((pl.col("draft") != "none") & pl.col("alpha").is_not_null())
     for r in spec.sort(["category", "policy", "draft", "gamma"]).iter_rows(named=True):
         costs = _costs_for(r, run_dir)
@@ -274,12 +275,23 @@ def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> list[str]:
             continue
         pred = predicted_speedup(r["alpha"], r["gamma"], costs)
         err = (pred / r["speedup"] - 1) if r["speedup"] else None
+        if r["speedup"]:
+            points.append((pred, r["speedup"], r["category"]))
         rows.append([r["category"], r["policy"], r["draft"], r["gamma"], _f(r["alpha"], ".3f"), _f(pred) + "x",
                      _f(r["speedup"]) + "x", _f(err, "+.0%")])
         key = (r["category"], r["policy"], r["draft"])
         best.setdefault(key, (r["alpha"], costs, []))[2].append(r["gamma"])
     if not rows:
-        return []
+        return [], points
+    auto_rows = []
+    for (cat, pol, draft), g in spec.group_by(["category", "policy", "draft"], maintain_order=True):
+        auto, fixed = g.filter(pl.col("adaptive")), g.filter(~pl.col("adaptive"))
+        if not len(auto) or not len(fixed):
+            continue
+        bar = max(fixed["speedup"].max() or 0.0, 1.0)
+        got = auto["speedup"][0]
+        auto_rows.append([cat, pol, draft, _f(got) + "x", _f(fixed["speedup"].max()) + "x", _f(got / bar, ".2f"),
+                          "yes" if got >= 0.95 * bar else "NO"])
     rec = [[c, p, d, best_gamma(a, costs, max(len(costs.target_ms) - 1, 1)) or "0 (plain)"]
            for (c, p, d), (a, costs, _) in best.items()]
     return ["## Cost model", "",
@@ -288,7 +300,24 @@ def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> list[str]:
             "in this run (`calibration/`), this row's measured alpha and per-step overhead.", "",
             _table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error"]), "",
             "Recommended gamma (the cost model's best at the measured alpha; 0 = plain decoding):", "",
-            _table(rec, ["category", "policy", "draft", "gamma"]), ""]
+            _table(rec, ["category", "policy", "draft", "gamma"]), ""] + ([
+            "Adaptive gamma against the better of the best fixed gamma and plain decoding (speedup 1.00x), same "
+            "run; the goal is to be within 5% of it:", "",
+            _table(auto_rows, ["category", "policy", "draft", "auto", "best fixed", "auto / max(best fixed, plain)",
+                               "within 5%"]), ""] if auto_rows else []), points
+
+
+def _plots(sweep: pl.DataFrame, points: list, run_dir: Path) -> list[str]:
+    from harness import plots
+    if not plots.available():
+        return ["Plots: install the plotting extra (`pip install '.[plot]'`) and rerun `harness report`.", ""]
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    made = [(t, p) for t, p in (("Acceptance and tokens/s against gamma", plots.gamma_curves(sweep, out)),
+                                ("Predicted against measured speedup", plots.predicted_vs_measured(points, out)),
+                                ("Decode cost against tokens per call", plots.calibration(run_dir, out))) if p]
+    rel = Path("runs") / run_dir.name / "plots"
+    return ["## Plots", ""] + [f"![{t}]({(rel / p.name).as_posix()})\n" for t, p in made]
 
 
 def _quantization(sweep: pl.DataFrame) -> list[str]:

@@ -15,9 +15,12 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.sampling import Policy
 
-PROFILES_FILE = Path(os.environ.get("HARNESS_PROFILES", "profiles.toml"))
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate")
+
+
+def profiles_file() -> Path:
+    return Path(os.environ.get("HARNESS_PROFILES", "profiles.toml"))
 
 
 @dataclass
@@ -42,7 +45,8 @@ class Params:
     calibrate: bool = False
 
 
-def load_profile(name: str, path: Path = PROFILES_FILE) -> dict:
+def load_profile(name: str, path: Path | None = None) -> dict:
+    path = path or profiles_file()
     if not path.exists():
         raise HarnessError(f"profiles file {path} not found")
     try:

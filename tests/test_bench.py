@@ -148,3 +148,34 @@ def test_unwritable_output_directory(tmp_path):
     r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--categories", "code", "--per-category", "1",
                 "--max-tokens", "4", "--out", str(blocker / "runs"))
     one_line_error(r, "run directory")
+
+
+def isolated_env(tmp_path) -> dict:
+    """Run from an empty directory so calibrations start empty; models, prompts and profiles from the repo."""
+    return {"HARNESS_CATALOG": str(ROOT / "models.toml"), "HARNESS_MODELS_DIR": str(ROOT / "models"),
+            "HARNESS_PROMPTS_DIR": str(ROOT / "prompts"), "HARNESS_PROFILES": str(ROOT / "profiles.toml")}
+
+
+def test_gamma_auto_needs_a_calibration(tmp_path, smol, smol_q2k):
+    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "smollm2-135m-instruct-q2_k",
+                "--gamma", "auto:2", "--categories", "code", "--per-category", "1", "--max-tokens", "4",
+                "--out", str(tmp_path / "runs"), cwd=tmp_path, env=isolated_env(tmp_path))
+    one_line_error(r, "harness calibrate", "--calibrate")
+    assert not any((tmp_path / "runs").glob("2*")), "a refused run leaves no run directory"
+
+
+def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k):
+    env = isolated_env(tmp_path)
+    r = harness("calibrate", "smollm2-135m-instruct-q4_1", "--k-max", "4", "--reps", "1", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "vs k=1" in r.stdout and (tmp_path / "reports/calibration").is_dir()
+    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "smollm2-135m-instruct-q2_k",
+                "--gamma", "1,auto:2", "--categories", "code", "--per-category", "1", "--max-tokens", "12",
+                "--calibrate", "--out", str(tmp_path / "reports/runs"), cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "reports/latest.md").read_text()
+    assert "## Cost model" in md and "auto<=2" in md and "Recommended gamma" in md
+    run = next(p for p in (tmp_path / "reports/runs").iterdir() if not p.is_symlink())
+    steps = [json.loads(x) for f in (run / "traces").glob("auto-*.jsonl") for x in f.read_text().splitlines()]
+    assert {s["gamma"] for s in steps if s["type"] == "step"} <= {0, 1, 2}
+    assert harness("report", str(run), "--check", cwd=tmp_path, env=env).returncode == 0
