@@ -48,25 +48,37 @@ def best_gamma(alpha: float, costs: Costs, gamma_max: int) -> int:
 
 class AdaptiveGamma:
     """Per step, the gamma in {0..gamma_max} with the most expected tokens per ms under a running alpha.
-    alpha is estimated from every proposed position's sum min(p, q), so rejections do not bias it; after
-    `probe_every` plain steps one gamma=1 step refreshes the estimate, so speculation can switch back on."""
 
-    def __init__(self, costs: Costs, gamma_max: int, prior: float = 0.6, weight: float = 0.9, probe_every: int = 16):
+    alpha is the mean of the last `window` per-position sum min(p, q) values (rejections do not bias it: every
+    proposed position is measured), shrunk towards `prior` by `prior_weight` pseudo-observations so that one
+    probe is enough to move it. While plain decoding is predicted best, a gamma=1 probe refreshes the estimate
+    after `probe_every` plain steps, and the interval doubles after each probe that leaves speculation off:
+    each probe costs a draft catch-up over the skipped tokens, so a workload where speculation loses pays less
+    and less for the chance to switch it back on."""
+
+    def __init__(self, costs: Costs, gamma_max: int, prior: float = 0.6, prior_weight: float = 2.0,
+                 window: int = 64, probe_every: int = 8):
         self.costs, self.gamma_max = costs, gamma_max
-        self.alpha, self.weight, self.probe_every = prior, weight, probe_every
+        self.prior, self.prior_weight, self.window = prior, prior_weight, window
+        self.seen: list[float] = []
+        self.probe_every = self.interval = probe_every
         self.plain_run = 0
+
+    @property
+    def alpha(self) -> float:
+        recent = self.seen[-self.window:]
+        return (self.prior * self.prior_weight + sum(recent)) / (self.prior_weight + len(recent))
 
     def choose(self) -> int:
         g = best_gamma(self.alpha, self.costs, self.gamma_max)
-        if g == 0:
-            self.plain_run += 1
-            if self.plain_run >= self.probe_every:
-                self.plain_run = 0
-                return 1
-        else:
-            self.plain_run = 0
-        return g
+        if g:
+            self.plain_run, self.interval = 0, self.probe_every
+            return g
+        self.plain_run += 1
+        if self.plain_run >= self.interval:
+            self.plain_run, self.interval = 0, self.interval * 2
+            return 1
+        return 0
 
     def observe(self, alphas: list[float]) -> None:
-        for a in alphas:
-            self.alpha = self.weight * self.alpha + (1 - self.weight) * a
+        self.seen.extend(alphas)

@@ -65,3 +65,11 @@ def test_check_cli_verdicts(smol, smol_q2k):
     assert r.returncode == 0 and "ALIGNED" in r.stdout
     r = harness("check", T, D, "--json")
     assert json.loads(r.stdout)["verdict"] == "ALIGNED"
+
+
+def test_fidelity_cli(smol, smol_q2k):
+    r = harness("fidelity", T, D, "--categories", "code", "--per-category", "1", "--max-tokens", "8",
+                "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    assert "top-1" in r.stdout.lower() or "top1" in r.stdout.lower()
+    assert D in r.stdout and "requantized" in r.stdout.lower()

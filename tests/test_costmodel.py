@@ -43,8 +43,17 @@ def test_adaptive_gamma_switches_off_and_probes_back():
         ctl.observe([0.0] * g)
     assert ctl.choose() <= 1
     ctl = AdaptiveGamma(Costs([30, 100, 130, 160, 190], 25), 4, prior=0.05, probe_every=3)
-    picks = [ctl.choose() for _ in range(6)]
-    assert picks.count(0) == 4 and picks.count(1) == 2  # plain steps, with a periodic probe
+    picks = [ctl.choose() for _ in range(21)]
+    assert [i for i, g in enumerate(picks) if g] == [2, 8, 20]  # probes, the interval doubling each time
+
+
+def test_adaptive_gamma_learns_from_one_probe():
+    ctl = AdaptiveGamma(GPU, 6, prior=0.2, probe_every=2)
+    assert ctl.choose() <= 1
+    ctl.observe([0.95])
+    for _ in range(3):
+        ctl.observe([0.95] * 4)
+    assert ctl.alpha > 0.8 and ctl.choose() >= 4
 
 
 def test_break_even_rate():
