@@ -17,8 +17,10 @@ from harness.trace import read_records
 BASE_KEYS = ["target", "policy", "ngl", "threads", "category"]
 
 
-def load_records(run_dir: Path) -> list[dict]:
-    return [r for f in sorted((run_dir / "traces").glob("*.jsonl")) for r in read_records(f)]
+def load_records(run_dir: Path, configs: set[str]) -> list[dict]:
+    """Trace records of the given configurations (a worker killed midway leaves a partial trace: not counted)."""
+    return [r for c in sorted(configs) if (run_dir / "traces" / f"{c}.jsonl").exists()
+            for r in read_records(run_dir / "traces" / f"{c}.jsonl")]
 
 
 def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
@@ -45,8 +47,10 @@ def _compact(df: pl.DataFrame, key_col: str, val_col: str, fmt: str) -> pl.DataF
 
 def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     plan = read_plan(run_dir)
-    cfg = config_frame(plan, finished(run_dir))
-    steps, gens = metrics.frames(load_records(run_dir))
+    results = finished(run_dir)
+    cfg = config_frame(plan, results)
+    ok = {c for c, r in results.items() if r.get("status") == "ok"}
+    steps, gens = metrics.frames(load_records(run_dir, ok))
     out = {"configs": cfg}
     if not len(gens):
         return out

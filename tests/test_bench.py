@@ -179,3 +179,24 @@ def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k)
     steps = [json.loads(x) for f in (run / "traces").glob("auto-*.jsonl") for x in f.read_text().splitlines()]
     assert {s["gamma"] for s in steps if s["type"] == "step"} <= {0, 1, 2}
     assert harness("report", str(run), "--check", cwd=tmp_path, env=env).returncode == 0
+
+
+def test_ctrl_c_keeps_what_finished(tmp_path, smol):
+    import signal
+    import time
+    out = tmp_path / "runs"
+    p = subprocess.Popen([*HARNESS, "bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "ngram:2",
+                          "--gamma", "1,2,3", "--categories", "code", "--per-category", "1", "--max-tokens", "8",
+                          "--out", str(out)], cwd=ROOT, env=os.environ | {"CI": "true"}, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(out.glob("*/results.jsonl")):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    run = next(d for d in out.iterdir() if not d.is_symlink())
+    done = (run / "results.jsonl").read_text().splitlines()
+    assert 1 <= len(done) < 4
+    assert (out.parent / f"{run.name}.md").exists()

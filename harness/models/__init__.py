@@ -1,0 +1,1 @@
+"""Model catalog: sources, fetch, verification, derived quantizations, GGUF metadata."""
