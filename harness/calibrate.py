@@ -11,7 +11,9 @@ from harness.errors import HarnessError
 from harness.models.catalog import require_present, resolve
 
 CAL_DIR = Path("reports/calibration")
-CONTEXT = 128  # tokens already in the cache while timing, as in a real step
+# Tokens already in the cache while timing: a verify at a long prompt's end costs more than at a short one's,
+# so costs are measured at both ends of what the prompt sets hold and interpolated in between.
+CONTEXTS = (128, 1024)
 
 
 def cal_path(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> Path:
@@ -23,24 +25,39 @@ def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, r
         raise HarnessError("--k-max and --reps must be >= 1")
     m = resolve(model_ref)
     require_present(m)
-    cfg = EngineConfig(n_ctx=CONTEXT + k_max + 8, n_batch=max(k_max, 32), n_gpu_layers=ngl, threads=threads)
+    cfg = EngineConfig(n_ctx=CONTEXTS[-1] + k_max + 8, n_batch=512, n_gpu_layers=ngl, threads=threads)
+    by_context = []
     with Engine(m.path, cfg) as e:
-        filler = (e.vocab.tokenize("The quick brown fox jumps over the lazy dog. ", add_special=False) * 64)[:CONTEXT]
-        e.decode(filler, logits="none")
+        filler = e.vocab.tokenize("The quick brown fox jumps over the lazy dog. " * 120, add_special=False)
         block = filler[:k_max]
-        e.decode(block[:4], logits="all")  # warm-up
-        ms = []
-        for k in range(1, k_max + 1):
-            times = []
-            for _ in range(reps):
-                e.trim(CONTEXT)
-                t = time.perf_counter()
-                e.decode(block[:k], logits="all")
-                times.append((time.perf_counter() - t) * 1000)
-            ms.append(statistics.median(times))
+        for ctx in CONTEXTS:
+            e.reset()
+            e.decode(filler[:ctx], logits="none")
+            e.decode(block[:4], logits="all")  # warm-up
+            ms = []
+            for k in range(1, k_max + 1):
+                times = []
+                for _ in range(reps):
+                    e.trim(ctx)
+                    t = time.perf_counter()
+                    e.decode(block[:k], logits="all")
+                    times.append((time.perf_counter() - t) * 1000)
+                ms.append(statistics.median(times))
+            by_context.append(ms)
     return {"model": m.name, "path": str(m.path), "threads": cfg.resolved_threads(), "ngl": ngl,
-            "context": CONTEXT, "k": list(range(1, k_max + 1)), "ms": ms, "reps": reps,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "contexts": list(CONTEXTS), "k": list(range(1, k_max + 1)), "ms_by_context": by_context,
+            "ms": by_context[0], "reps": reps, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def at_context(cal: dict, context: float) -> list[float]:
+    """Decode cost of k = 1..k_max tokens with `context` tokens cached: linear between the measured contexts."""
+    xs, rows = cal["contexts"], cal["ms_by_context"]
+    if context <= xs[0]:
+        return rows[0]
+    if context >= xs[-1]:
+        return rows[-1]
+    w = (context - xs[0]) / (xs[-1] - xs[0])
+    return [a + w * (b - a) for a, b in zip(rows[0], rows[-1])]
 
 
 def save(cal: dict, root: Path = CAL_DIR) -> Path:
@@ -56,5 +73,15 @@ def load(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> dict 
 
 
 def table_rows(cal: dict) -> list[list]:
-    t1 = cal["ms"][0]
-    return [[k, f"{ms:.1f}", f"{ms / k:.1f}", f"{ms / t1:.2f}x"] for k, ms in zip(cal["k"], cal["ms"])]
+    """k, then ms, ms per token and cost against k=1 at each measured context."""
+    rows = []
+    for i, k in enumerate(cal["k"]):
+        row = [k]
+        for ms in cal["ms_by_context"]:
+            row += [f"{ms[i]:.1f}", f"{ms[i] / k:.1f}", f"{ms[i] / ms[0]:.2f}x"]
+        rows.append(row)
+    return rows
+
+
+def table_headers(cal: dict) -> list[str]:
+    return ["k"] + [h for c in cal["contexts"] for h in (f"ms @{c}", f"ms/token @{c}", f"vs k=1 @{c}")]

@@ -203,7 +203,7 @@ def calibrate(model, threads, ngl, k_max, reps):
     from harness import calibrate as cal
     c = cal.calibrate(model, threads, ngl, k_max, reps)
     path = cal.save(c)
-    click.echo(tabulate(cal.table_rows(c), headers=["k", "ms", "ms/token", "vs k=1"], tablefmt="github"))
+    click.echo(tabulate(cal.table_rows(c), headers=cal.table_headers(c), tablefmt="github"))
     click.echo(f"{c['model']}, {c['threads']} threads, ngl {c['ngl']}: saved to {path}")
 
 

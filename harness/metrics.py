@@ -56,6 +56,7 @@ def throughput(gens: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         pl.col("gen_ms").sum(),
         pl.col("latency_ms").mean().alias("latency_ms"),
         pl.col("prompt_eval_ms").mean().alias("prompt_eval_ms"),
+        (pl.col("prompt_tokens") + pl.col("n_tokens") / 2).mean().alias("context"),
     ).with_columns(
         safe_div(pl.col("tokens") * 1000.0, pl.col("gen_ms")).alias("tokens_per_s"),
         safe_div(pl.col("tokens"), pl.col("gen_ms")).alias("tokens_per_ms"),

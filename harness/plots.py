@@ -79,7 +79,8 @@ def calibration(run_dir: Path, out: Path) -> Path | None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for c in cals:
-        ax.plot(c["k"], c["ms"], marker="o", markersize=3, label=f"{c['model']} ({c['threads']} thr)")
+        for ctx, ms in zip(c["contexts"], c["ms_by_context"]):
+            ax.plot(c["k"], ms, marker="o", markersize=3, label=f"{c['model']} @{ctx} ({c['threads']} thr)")
     ax.set_xlabel("tokens per llama_decode (all logits)")
     ax.set_ylabel("ms")
     ax.legend(fontsize=6)

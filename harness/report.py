@@ -261,7 +261,8 @@ def _costs_for(r: dict, run_dir: Path):
     d = None if ngram else cal.load(r["draft"], threads, r["ngl_draft"], run_dir / "calibration")
     if t is None or (d is None and not ngram):
         return None
-    return Costs(t["ms"], 0.0 if ngram else d["ms"][0], r["overhead_ms_per_call"] or 0.0)
+    ctx = r["context"]  # mean tokens in the cache during generation: costs grow with it
+    return Costs(cal.at_context(t, ctx), 0.0 if ngram else cal.at_context(d, ctx)[0], r["overhead_ms_per_call"] or 0.0)
 
 
 def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:
@@ -301,7 +302,8 @@ def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:
     return ["## Cost model", "",
             "Predicted speedup = E * T_target(1) / (gamma * T_draft(1) + T_verify(gamma+1) + overhead), "
             "E = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023), with the decode costs calibrated "
-            "in this run (`calibration/`), this row's measured alpha and per-step overhead.", "",
+            "in this run (`calibration/`, interpolated to the row's mean context length), this row's measured "
+            "alpha and per-step overhead.", "",
             _table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error"]), "",
             "Recommended gamma (the cost model's best at the measured alpha; 0 = plain decoding):", "",
             _table(rec, ["category", "policy", "draft", "gamma"]), ""] + ([

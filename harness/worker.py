@@ -48,7 +48,10 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
                                  prompt_id=pr.id, repeat=rep)
                 gamma = inst.gamma
                 if inst.adaptive:
-                    gamma = controllers.setdefault(pr.category, adaptive_controller(inst, pair, run_dir))
+                    if pr.category not in controllers:
+                        ctx = len(req.tokens) + req.max_tokens / 2
+                        controllers[pr.category] = adaptive_controller(inst, pair, run_dir, ctx)
+                    gamma = controllers[pr.category]
                 generate(pair.target, req, pol, pair.proposer, gamma, tw, mode)
                 tw.close()
         kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
@@ -61,8 +64,9 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
         pair.close()
 
 
-def adaptive_controller(inst: Instance, pair, run_dir: Path):
-    """One controller per category, fed by the run's calibrations (bench checked they exist)."""
+def adaptive_controller(inst: Instance, pair, run_dir: Path, context: float):
+    """One controller per category, fed by the run's calibrations at the category's context (bench checked
+    they exist)."""
     from harness import calibrate as cal
     from harness.costmodel import AdaptiveGamma, Costs
     threads = pair.target.cfg.resolved_threads()
@@ -70,7 +74,7 @@ def adaptive_controller(inst: Instance, pair, run_dir: Path):
     d = cal.load(pair.draft_model.name, threads, inst.ngl_draft, run_dir / "calibration") if pair.draft_model else None
     if t is None or (pair.draft_model and d is None):
         raise HarnessError("adaptive gamma needs calibrations in the run directory: rerun bench with --calibrate")
-    return AdaptiveGamma(Costs(t["ms"], d["ms"][0] if d else 0.0), inst.gamma)
+    return AdaptiveGamma(Costs(cal.at_context(t, context), cal.at_context(d, context)[0] if d else 0.0), inst.gamma)
 
 
 def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str) -> None:

@@ -25,7 +25,8 @@ def read_info(path: Path) -> dict:
     try:
         r = gguf.GGUFReader(path)
     except Exception as e:  # the reader raises ValueError/struct.error/IndexError on damaged files
-        raise HarnessError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); it may be truncated") from None
+        raise HarnessError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); "
+                           "it may be truncated") from None
     arch = _value(r, "general.architecture")
     ftype = _value(r, "general.file_type")
     try:

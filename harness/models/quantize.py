@@ -17,7 +17,8 @@ def ftype_code(ftype: str) -> int:
     import llama_cpp
     code = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
     if code is None:
-        known = sorted(k.removeprefix("LLAMA_FTYPE_MOSTLY_") for k in dir(llama_cpp) if k.startswith("LLAMA_FTYPE_MOSTLY_"))
+        prefix = "LLAMA_FTYPE_MOSTLY_"
+        known = sorted(k.removeprefix(prefix) for k in dir(llama_cpp) if k.startswith(prefix))
         raise HarnessError(f"unknown quantization type '{ftype}'; llama.cpp knows: {', '.join(known)}")
     return code
 
