@@ -1,6 +1,7 @@
 """Leviathan et al. (2023) cost model with measured cost curves, and the per-step gamma controller."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from harness.errors import HarnessError
@@ -20,6 +21,14 @@ class Costs:
     target_ms: list[float]   # llama_decode of k = 1.. tokens with all logits, index k-1
     draft_ms: float          # one draft decode (0 for a proposer without a model)
     overhead_ms: float = 0.0  # measured Python/verification cost per step
+    draft_curve: tuple[float, ...] = ()  # draft decode of k = 1.. tokens: what catching up after plain steps costs
+
+    def catch_up(self, n: int) -> float:
+        """The draft's cost to evaluate n tokens it skipped (linear beyond the calibrated range)."""
+        if not self.draft_curve:
+            return n * self.draft_ms
+        c = self.draft_curve
+        return c[n - 1] if n <= len(c) else c[-1] * n / len(c)
 
     def verify(self, k: int) -> float:
         if k > len(self.target_ms):
@@ -49,36 +58,42 @@ def best_gamma(alpha: float, costs: Costs, gamma_max: int) -> int:
 class AdaptiveGamma:
     """Per step, the gamma in {0..gamma_max} with the most expected tokens per ms under a running alpha.
 
-    alpha is the mean of the last `window` per-position sum min(p, q) values (rejections do not bias it: every
-    proposed position is measured), shrunk towards `prior` by `prior_weight` pseudo-observations so that one
-    probe is enough to move it. While plain decoding is predicted best, a gamma=1 probe refreshes the estimate
-    after `probe_every` plain steps, and the interval doubles after each probe that leaves speculation off:
-    each probe costs a draft catch-up over the skipped tokens, so a workload where speculation loses pays less
-    and less for the chance to switch it back on."""
+    alpha is the mean of the last `window` per-position sum min(p, q) values (every proposed position is
+    measured, so rejections do not bias it), shrunk towards `prior` by `prior_weight` pseudo-observations.
+    While plain decoding is predicted best, a gamma=1 probe is taken only when it is worth its price: what
+    speculation could gain over the remaining tokens at an optimistic alpha (the estimate plus
+    1/sqrt(observations)) must exceed what the probe costs, the draft catching up over the skipped tokens plus
+    a two-token verify instead of a one-token decode. Where even a perfect draft cannot win, it never probes."""
 
     def __init__(self, costs: Costs, gamma_max: int, prior: float = 0.6, prior_weight: float = 2.0,
-                 window: int = 64, probe_every: int = 8):
+                 window: int = 64):
         self.costs, self.gamma_max = costs, gamma_max
         self.prior, self.prior_weight, self.window = prior, prior_weight, window
         self.seen: list[float] = []
-        self.probe_every = self.interval = probe_every
-        self.plain_run = 0
+        self.backlog = 0  # plain steps since the draft last ran
 
     @property
     def alpha(self) -> float:
         recent = self.seen[-self.window:]
         return (self.prior * self.prior_weight + sum(recent)) / (self.prior_weight + len(recent))
 
-    def choose(self) -> int:
+    def probe_worth_it(self, remaining: int) -> bool:
+        c = self.costs
+        n = min(len(self.seen), self.window) + self.prior_weight
+        optimistic = min(1.0, self.alpha + 1 / math.sqrt(n))
+        best = max(predicted_speedup(optimistic, g, c) for g in range(1, self.gamma_max + 1))
+        if best <= 1:
+            return False
+        gain = remaining * c.target_ms[0] * (1 - 1 / best)
+        cost = c.catch_up(self.backlog + 1) + c.verify(2) - c.verify(1)
+        return gain > cost
+
+    def choose(self, remaining: int = 1 << 20) -> int:
         g = best_gamma(self.alpha, self.costs, self.gamma_max)
-        if g:
-            self.plain_run, self.interval = 0, self.probe_every
-            return g
-        self.plain_run += 1
-        if self.plain_run >= self.interval:
-            self.plain_run, self.interval = 0, self.interval * 2
-            return 1
-        return 0
+        if g == 0 and self.probe_worth_it(remaining):
+            g = 1
+        self.backlog = 0 if g else self.backlog + 1
+        return g
 
     def observe(self, alphas: list[float]) -> None:
         self.seen.extend(alphas)

@@ -64,7 +64,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
     step = 0
     while len(out) < req.max_tokens:
         remaining = req.max_tokens - len(out)
-        g = min(ctl.choose() if ctl else gamma, remaining - 1) if proposer is not None else 0
+        g = min(ctl.choose(remaining) if ctl else gamma, remaining - 1) if proposer is not None else 0
         s0 = time.perf_counter()
         prop = proposer.propose(ctx, g) if g > 0 else Proposal()
         s1 = time.perf_counter()

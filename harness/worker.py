@@ -74,7 +74,9 @@ def adaptive_controller(inst: Instance, pair, run_dir: Path, context: float):
     d = cal.load(pair.draft_model.name, threads, inst.ngl_draft, run_dir / "calibration") if pair.draft_model else None
     if t is None or (pair.draft_model and d is None):
         raise HarnessError("adaptive gamma needs calibrations in the run directory: rerun bench with --calibrate")
-    return AdaptiveGamma(Costs(cal.at_context(t, context), cal.at_context(d, context)[0] if d else 0.0), inst.gamma)
+    draft = cal.at_context(d, context) if d else []
+    return AdaptiveGamma(Costs(cal.at_context(t, context), draft[0] if d else 0.0, draft_curve=tuple(draft)),
+                         inst.gamma)
 
 
 def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str) -> None:

@@ -33,22 +33,46 @@ def test_verify_beyond_the_calibration_is_refused():
         CPU.verify(12)
 
 
-def test_adaptive_gamma_switches_off_and_probes_back():
-    ctl = AdaptiveGamma(CPU, 4, prior=0.9, probe_every=4)
-    assert ctl.choose() == 0  # on this CPU even alpha 0.9 loses
+def test_adaptive_gamma_never_probes_where_even_a_perfect_draft_loses():
+    hopeless = Costs(target_ms=[30, 90, 120, 150, 180], draft_ms=40)
+    assert predicted_speedup(1.0, 1, hopeless) < 1
+    ctl = AdaptiveGamma(hopeless, 4, prior=0.9)
+    assert [ctl.choose(64) for _ in range(64)] == [0] * 64
+
+
+# a machine where a good draft wins and a poor one loses
+MARGINAL = Costs(target_ms=[70, 100, 115, 130, 150], draft_ms=20)
+
+
+def test_adaptive_gamma_probes_while_worth_it_and_switches_back_on():
+    assert best_gamma(0.5, MARGINAL, 4) == 0 and best_gamma(0.9, MARGINAL, 4) > 0
+    ctl = AdaptiveGamma(MARGINAL, 4, prior=0.5)
+    assert ctl.choose(64) == 1  # a cheap early probe: the draft is in sync
+    ctl.observe([1.0])
+    for _ in range(8):
+        g = ctl.choose(60)
+        ctl.observe([1.0] * g)
+    assert ctl.alpha > 0.8 and ctl.choose(50) >= 1  # high alpha switches speculation on
+    ctl = AdaptiveGamma(MARGINAL, 4, prior=0.5)
+    ctl.choose(64)
+    for _ in range(12):
+        ctl.observe([0.0])
+    picks = [ctl.choose(8) for _ in range(20)]
+    assert picks.count(1) == 0  # low alpha and few tokens left: probing is not worth its cost
+    assert CPU.catch_up(4) == 80 and Costs([1], 2.0, draft_curve=(2.0, 3.0)).catch_up(4) == 6.0
+
+
+def test_adaptive_gamma_speculates_on_a_gpu_like_curve():
     ctl = AdaptiveGamma(GPU, 6, prior=0.9)
     g = ctl.choose()
     assert g >= 4
     for _ in range(60):
         ctl.observe([0.0] * g)
-    assert ctl.choose() <= 1
-    ctl = AdaptiveGamma(Costs([30, 100, 130, 160, 190], 25), 4, prior=0.05, probe_every=3)
-    picks = [ctl.choose() for _ in range(21)]
-    assert [i for i, g in enumerate(picks) if g] == [2, 8, 20]  # probes, the interval doubling each time
+    assert ctl.choose(8) <= 1
 
 
 def test_adaptive_gamma_learns_from_one_probe():
-    ctl = AdaptiveGamma(GPU, 6, prior=0.2, probe_every=2)
+    ctl = AdaptiveGamma(GPU, 6, prior=0.2)
     assert ctl.choose() <= 1
     ctl.observe([0.95])
     for _ in range(3):
