@@ -210,7 +210,10 @@ def _verdicts(sweep: pl.DataFrame) -> list[str]:
         b, s = base.row(0, named=True), spec.row(0, named=True)
         decision = verdict.decide(s["tokens_per_ms"], b["tokens_per_ms"])
         why = ""
-        if decision != "speculate":
+        if s["adaptive"] and not s["proposed"]:
+            decision = "plain decoding"
+            why = "adaptive gamma chose plain decoding at every step"
+        elif decision != "speculate":
             why = verdict.where_time_goes(s["draft_ms"], s["verify_ms"], s["overhead_ms"])
             if s["verify_ms_per_call"] and b["tokens_per_ms"]:
                 why += f"; a verify call costs {s['verify_ms_per_call'] * b['tokens_per_ms']:.1f}x a plain decode"
@@ -288,8 +291,9 @@ def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:
         best.setdefault(key, (r["alpha"], costs, []))[2].append(r["gamma"])
     if not rows:
         return [], points
-    auto_rows = []
-    for (cat, pol, draft), g in spec.group_by(["category", "policy", "draft"], maintain_order=True):
+    auto_rows = []  # an adaptive run that chose plain decoding throughout has no alpha: it still counts here
+    for (cat, pol, draft), g in sweep.filter(pl.col("draft") != "none").group_by(["category", "policy", "draft"],
+                                                                                maintain_order=True):
         auto, fixed = g.filter(pl.col("adaptive")), g.filter(~pl.col("adaptive"))
         if not len(auto) or not len(fixed):
             continue
