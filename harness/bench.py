@@ -118,7 +118,7 @@ def estimate_s(instances: list[Instance], prompts: list, max_tokens: int, repeat
 
 def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
               command: str) -> Path:
-    from harness.report import write_reports
+    from harness.report import models_info, write_reports
     from harness.worker import _append
 
     if resume:
@@ -138,7 +138,8 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
         from harness import sysinfo
         write_plan(run_dir, {"command": command, "params": asdict(params), "instances": [asdict(i) for i in instances],
                              "prompt_ids": [p.id for p in prompts], "categories": sorted({p.category for p in prompts}),
-                             "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time()})
+                             "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time(),
+                             "models": models_info({i.target for i in instances} | {i.draft for i in instances})})
     if any(i.adaptive for i in instances) or params.calibrate:
         try:
             prepare_calibrations([i for i in instances if i.id not in skipped], run_dir, params.calibrate)

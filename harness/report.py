@@ -130,8 +130,6 @@ def _table(rows: list[list], headers: list[str]) -> str:
 
 def _header(plan: dict, run_dir: Path) -> list[str]:
     s = plan.get("system", {})
-    from harness.models.catalog import load_catalog
-    from harness.models.store import read_sidecar
     lines = ["# Speculative decoding benchmark", "",
              f"- date: {s.get('date', '')}; host: {s.get('host', '')} ({s.get('os', '')})",
              f"- CPU: {s.get('cpu', '')}, {s.get('cores_physical')} physical / {s.get('cores_logical')} logical cores;"
@@ -145,24 +143,30 @@ def _header(plan: dict, run_dir: Path) -> list[str]:
     lines.append("- packages: " + ", ".join(f"{k} {v}" for k, v in pk.items()))
     lines += [f"- command: `{plan.get('command', '')}`", f"- raw traces: `{run_dir / 'traces'}` (one JSONL per "
               "configuration; every figure below is computed from them: `harness report RUN_DIR --check`)", ""]
-    try:
-        cat = load_catalog()
-    except HarnessError:
-        cat = {}
-    names = sorted({i["target"] for i in plan["instances"]} | {i["draft"] for i in plan["instances"]} - {"none"})
-    rows = []
-    for n in names:
-        m = cat.get(n)
-        if m is None:
-            rows.append([n, "", "", "", "n-gram lookup (no model)" if n.startswith("ngram") else "path"])
+    rows = [[n, m["quant"], _mib(m["bytes"]) if m["bytes"] else "", m["sha256"][:12], m["note"]]
+            for n, m in sorted(plan.get("models", {}).items())]
+    lines += ["## Models", "", _table(rows, ["model", "quant", "size", "sha256", "note"]), ""]
+    return lines
+
+
+def models_info(names: set[str]) -> dict[str, dict]:
+    """What the report header says of each model, recorded in plan.json when the run starts, so a report
+    never depends on the model files still being there."""
+    from harness.models.catalog import resolve
+    from harness.models.store import read_sidecar
+    from harness.pair import parse_ngram
+    out = {}
+    for n in sorted(names - {"none"}):
+        if parse_ngram(n) is not None:
+            out[n] = {"quant": "", "bytes": 0, "sha256": "", "note": "n-gram lookup (no model)"}
             continue
+        m = resolve(n)
         side = read_sidecar(m.path)
         note = f"requantized from {side.get('derived_from', m.derive_from)} (never better than its source)" \
             if m.requantized else ""
-        size = m.path.stat().st_size if m.path.exists() else m.bytes
-        rows.append([n, m.quant, _mib(size), (side.get("sha256") or m.sha256 or "")[:12], note])
-    lines += ["## Models", "", _table(rows, ["model", "quant", "size", "sha256", "note"]), ""]
-    return lines
+        out[n] = {"quant": m.quant or side.get("info", {}).get("quant", ""), "bytes": m.path.stat().st_size,
+                  "sha256": side.get("sha256") or m.sha256 or "", "note": note}
+    return out
 
 
 def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame]) -> str:
@@ -317,17 +321,24 @@ def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:
                                "within 5%"]), ""] if auto_rows else []), points
 
 
+PLOTS = {"gamma.png": "Acceptance and tokens/s against gamma", "cost_model.png": "Predicted against measured speedup",
+         "calibration.png": "Decode cost against tokens per call"}
+
+
 def _plots(sweep: pl.DataFrame, points: list, run_dir: Path) -> list[str]:
+    """Drawn when matplotlib is there; linked whenever the run holds them, so --check does not depend on it."""
     from harness import plots
-    if not plots.available():
-        return ["Plots: install the plotting extra (`pip install '.[plot]'`) and rerun `harness report`.", ""]
     out = run_dir / "plots"
-    out.mkdir(exist_ok=True)
-    made = [(t, p) for t, p in (("Acceptance and tokens/s against gamma", plots.gamma_curves(sweep, out)),
-                                ("Predicted against measured speedup", plots.predicted_vs_measured(points, out)),
-                                ("Decode cost against tokens per call", plots.calibration(run_dir, out))) if p]
+    if plots.available():
+        out.mkdir(exist_ok=True)
+        plots.gamma_curves(sweep, out)
+        plots.predicted_vs_measured(points, out)
+        plots.calibration(run_dir, out)
+    made = [name for name in PLOTS if (out / name).exists()]
+    if not made:
+        return ["Plots: install the plotting extra (`pip install '.[plot]'`) and rerun `harness report`.", ""]
     rel = Path("runs") / run_dir.name / "plots"
-    return ["## Plots", ""] + [f"![{t}]({(rel / p.name).as_posix()})\n" for t, p in made]
+    return ["## Plots", ""] + [f"![{PLOTS[n]}]({(rel / n).as_posix()})\n" for n in made]
 
 
 def _quantization(sweep: pl.DataFrame) -> list[str]:

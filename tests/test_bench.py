@@ -200,3 +200,10 @@ def test_ctrl_c_keeps_what_finished(tmp_path, smol):
     done = (run / "results.jsonl").read_text().splitlines()
     assert 1 <= len(done) < 4
     assert (out.parent / f"{run.name}.md").exists()
+
+
+@pytest.mark.parametrize("run", sorted(p.name for p in (ROOT / "reports" / "runs").glob("2*") if p.is_dir()))
+def test_committed_reference_runs_match_their_traces(run):
+    """The README's figures come from these runs: their reports must be what the traces give."""
+    r = harness("report", str(Path("reports") / "runs" / run), "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
