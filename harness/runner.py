@@ -57,13 +57,14 @@ def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamm
         color = sys.stdout.isatty()
         click.echo(render_marked(pair.target.vocab, gen["tokens"], gen["from_draft"], color))
         s = metrics.summary(trace.records)
-        line = f"tokens {s['tokens']}  {s['tokens_per_s']:.1f} tok/s  policy {policy.label}"
+        parts = []
         if draft:
-            rate = s["acceptance_rate"]
-            line = (f"draft {draft} gamma {gamma}  proposed {s['proposed']}  accepted {s['accepted']}  "
-                    f"acceptance {rate:.1%}  " if rate is not None else f"draft {draft}  proposed 0  ") + \
-                   (f"mean accepted/step {s['mean_accepted_len']:.2f}  alpha {s['alpha']:.3f}  "
-                    if s["mean_accepted_len"] is not None else "") + line
+            parts += [f"draft {draft} gamma {gamma}", f"proposed {s['proposed']}", f"accepted {s['accepted']}"]
+            if s["acceptance_rate"] is not None:
+                parts += [f"acceptance {s['acceptance_rate']:.1%}", f"mean accepted/step {s['mean_accepted_len']:.2f}",
+                          f"alpha {s['alpha']:.3f}"]
+        parts += [f"tokens {s['tokens']}", f"{s['tokens_per_s']:.1f} tok/s", f"policy {policy.label}"]
+        line = "  ".join(parts)
         if baseline and draft:
             btrace = TraceWriter(trace_path, keep=True, **common, mode="baseline")
             base = generate(pair.target, req, policy, None, 0, btrace)
