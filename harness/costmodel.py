@@ -36,16 +36,23 @@ class Costs:
                                "with a larger --k-max")
         return self.target_ms[k - 1]
 
-    def step_ms(self, gamma: int) -> float:
-        return gamma * self.draft_ms + self.verify(gamma + 1) + self.overhead_ms
+    def draft_step_ms(self, gamma: int, alpha: float) -> float:
+        """gamma draft decodes; with a measured draft curve, also the extra token it evaluates when all gamma
+        were accepted (the last proposal and the bonus token arrive together), which happens w.p. alpha^gamma."""
+        extra = alpha ** gamma * (self.catch_up(2) - self.catch_up(1)) if self.draft_curve else 0.0
+        return gamma * self.draft_ms + extra
+
+    def step_ms(self, gamma: int, alpha: float = 0.0) -> float:
+        return self.draft_step_ms(gamma, alpha) + self.verify(gamma + 1) + self.overhead_ms
 
     def tokens_per_ms(self, alpha: float, gamma: int) -> float:
-        return expected_tokens(alpha, gamma) / self.step_ms(gamma)
+        return expected_tokens(alpha, gamma) / self.step_ms(gamma, alpha)
 
 
 def predicted_speedup(alpha: float, gamma: int, costs: Costs) -> float:
-    """E(alpha, gamma) * T_target(1) / (gamma * T_draft(1) + T_verify(gamma+1) + overhead)."""
-    return expected_tokens(alpha, gamma) * costs.target_ms[0] / costs.step_ms(gamma)
+    """E(alpha, gamma) * T_target(1) / (T_draft(gamma) + T_verify(gamma+1) + overhead), with T_draft(gamma) =
+    gamma * T_draft(1) (+ the bonus catch-up when a draft curve is known)."""
+    return expected_tokens(alpha, gamma) * costs.target_ms[0] / costs.step_ms(gamma, alpha)
 
 
 def best_gamma(alpha: float, costs: Costs, gamma_max: int) -> int:

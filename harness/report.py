@@ -269,7 +269,14 @@ def _costs_for(r: dict, run_dir: Path):
     if t is None or (d is None and not ngram):
         return None
     ctx = r["context"]  # mean tokens in the cache during generation: costs grow with it
-    return Costs(cal.at_context(t, ctx), 0.0 if ngram else cal.at_context(d, ctx)[0], r["overhead_ms_per_call"] or 0.0)
+    curve = cal.at_context(t, ctx)
+    if r["base_tokens_per_ms"]:
+        # the calibration gives the curve's shape; its level comes from this category's plain run, measured on
+        # the real prompts (filler text at an interpolated context misjudges long prompts)
+        level = 1 / r["base_tokens_per_ms"] / curve[0]
+        curve = [x * level for x in curve]
+    draft = [] if ngram else cal.at_context(d, ctx)
+    return Costs(curve, draft[0] if draft else 0.0, r["overhead_ms_per_call"] or 0.0, draft_curve=tuple(draft))
 
 
 def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:
@@ -310,8 +317,8 @@ def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:
     return ["## Cost model", "",
             "Predicted speedup = E * T_target(1) / (gamma * T_draft(1) + T_verify(gamma+1) + overhead), "
             "E = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023), with the decode costs calibrated "
-            "in this run (`calibration/`, interpolated to the row's mean context length), this row's measured "
-            "alpha and per-step overhead.", "",
+            "in this run (`calibration/`, interpolated to the row's mean context length, scaled so that T_target(1) "
+            "is the same category's measured plain decode), this row's measured alpha and per-step overhead.", "",
             _table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error"]), "",
             "Recommended gamma (the cost model's best at the measured alpha; 0 = plain decoding):", "",
             _table(rec, ["category", "policy", "draft", "gamma"]), ""] + ([

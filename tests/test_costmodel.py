@@ -86,3 +86,11 @@ def test_break_even_rate():
     assert break_even_rate(200, 30, 4) is None  # even 100% cannot pay for it
     assert break_even_rate(20, 30, 2) == 0.0
     assert decide(0.05, 0.04) == "speculate" and decide(0.03, 0.04) == "plain decoding"
+
+
+def test_draft_step_counts_the_bonus_catch_up_when_all_are_accepted():
+    c = Costs(target_ms=[10, 15, 18], draft_ms=2.0, draft_curve=(2.0, 3.0))
+    assert c.draft_step_ms(2, 1.0) == 5.0  # two drafts, plus one more token to evaluate w.p. alpha^2
+    assert c.draft_step_ms(2, 0.0) == 4.0
+    assert c.step_ms(2, 0.5) == 4.0 + 0.25 + 18
+    assert Costs([10, 15, 18], 2.0).draft_step_ms(2, 1.0) == 4.0  # without a curve: gamma * T_draft(1)
