@@ -73,3 +73,14 @@ def test_fidelity_cli(smol, smol_q2k):
     assert r.returncode == 0, r.stderr
     assert "top-1" in r.stdout.lower() or "top1" in r.stdout.lower()
     assert D in r.stdout and "requantized" in r.stdout.lower()
+
+
+def test_misaligned_pair_is_refused_before_loading(smol, tiny_set, tmp_path):
+    """Runs everywhere (the Gemma case above needs the Gemma file): a generated GGUF with its own tokenizer."""
+    r = harness("run", T, "--draft", str(tiny_set["a"]), "--prompt", "hi")
+    one_line_error(r, "not aligned")
+    assert r.returncode == 2
+    r = harness("bench", "--target", T, "--draft", str(tiny_set["a"]), "--categories", "code",
+                "--per-category", "1", "--out", str(tmp_path / "runs"))
+    one_line_error(r, "not aligned")
+    assert r.returncode == 2 and not (tmp_path / "runs").exists()
