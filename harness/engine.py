@@ -211,6 +211,8 @@ class Engine:
         n = len(tokens)
         if self.n_past + n > self.n_ctx:
             raise HarnessError(f"context full: {self.n_past} + {n} tokens exceed n_ctx={self.n_ctx}")
+        if logits == "all" and n > self.cfg.n_batch:
+            raise HarnessError("logits for all rows are only kept for blocks up to n_batch tokens")
         rows = 0
         for start in range(0, n, self.cfg.n_batch):
             chunk = tokens[start:start + self.cfg.n_batch]
@@ -231,8 +233,6 @@ class Engine:
             rows = len(chunk) if logits == "all" else (1 if logits == "last" and last_chunk else 0)
         if logits == "none" or rows == 0:
             return None
-        if logits == "all" and n > self.cfg.n_batch:
-            raise HarnessError("logits for all rows are only kept for blocks up to n_batch tokens")
         ptr = self._ll.llama_get_logits(self.ctx)
         return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
 import numpy as np
 
 from harness.engine import Engine
@@ -12,6 +13,7 @@ from harness.proposers import Proposal
 from harness.sampling import Policy, process, top_prob
 from harness.trace import TraceWriter
 from harness.verify import verify_greedy, verify_stochastic
+
 
 @dataclass
 class Request:
