@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from harness.errors import HarnessError
-from harness.sweep import Instance, Params, expand, finished, new_run_dir, read_plan, write_plan
+from harness.sweep import Instance, Params, expand, finished, new_run_dir, read_plan, record_result, write_plan
 
 
 def _preflight(instances: list[Instance], prompts: list, skip_unsupported: bool) -> dict[str, str]:
@@ -119,7 +119,6 @@ def estimate_s(instances: list[Instance], prompts: list, max_tokens: int, repeat
 def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
               command: str) -> Path:
     from harness.report import models_info, write_reports
-    from harness.worker import _append
 
     if resume:
         plan = read_plan(resume)
@@ -152,8 +151,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     todo = [i for i in instances if done.get(i.id, {}).get("status") not in ("ok", "skipped")]
     for i in todo:
         if i.id in skipped:
-            _append(run_dir / "results.jsonl",
-                    {"config": i.id, **asdict(i), "status": "skipped", "error": skipped[i.id]})
+            record_result(run_dir, {"config": i.id, **asdict(i), "status": "skipped", "error": skipped[i.id]})
     todo = [i for i in todo if i.id not in skipped]
     click.echo(f"run directory: {run_dir}", err=True)
     click.echo(f"{len(instances)} configurations ({len(todo)} to run) x {len(prompts)} prompts x "

@@ -72,6 +72,19 @@ def load(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> dict 
     return json.loads(p.read_text()) if p.exists() else None
 
 
+def costs_at(cal_dir: Path, target: str, draft: str | None, threads: int, ngl: int, ngl_draft: int,
+             context: float, overhead_ms: float = 0.0):
+    """costmodel.Costs from the calibrations in cal_dir at `context` cached tokens; draft None is a proposer
+    without a model (n-gram). None when a needed calibration is missing."""
+    from harness.costmodel import Costs
+    t = load(target, threads, ngl, cal_dir)
+    d = load(draft, threads, ngl_draft, cal_dir) if draft else None
+    if t is None or (draft and d is None):
+        return None
+    curve = at_context(d, context) if d else []
+    return Costs(at_context(t, context), curve[0] if curve else 0.0, overhead_ms, draft_curve=tuple(curve))
+
+
 def table_rows(cal: dict) -> list[list]:
     """k, then ms, ms per token and cost against k=1 at each measured context."""
     rows = []

@@ -258,25 +258,21 @@ def _per_category(sweep: pl.DataFrame) -> list[str]:
 
 
 def _costs_for(r: dict, run_dir: Path):
-    from harness import calibrate as cal
-    from harness.costmodel import Costs
+    from dataclasses import replace
+
+    from harness.calibrate import costs_at
     from harness.engine import EngineConfig
     from harness.pair import parse_ngram
-    threads = EngineConfig(threads=r["threads"]).resolved_threads()
-    t = cal.load(r["target"], threads, r["ngl"], run_dir / "calibration")
-    ngram = parse_ngram(r["draft"]) is not None
-    d = None if ngram else cal.load(r["draft"], threads, r["ngl_draft"], run_dir / "calibration")
-    if t is None or (d is None and not ngram):
-        return None
-    ctx = r["context"]  # mean tokens in the cache during generation: costs grow with it
-    curve = cal.at_context(t, ctx)
-    if r["base_tokens_per_ms"]:
-        # the calibration gives the curve's shape; its level comes from this category's plain run, measured on
-        # the real prompts (filler text at an interpolated context misjudges long prompts)
-        level = 1 / r["base_tokens_per_ms"] / curve[0]
-        curve = [x * level for x in curve]
-    draft = [] if ngram else cal.at_context(d, ctx)
-    return Costs(curve, draft[0] if draft else 0.0, r["overhead_ms_per_call"] or 0.0, draft_curve=tuple(draft))
+    draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
+    # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
+    costs = costs_at(run_dir / "calibration", r["target"], draft, EngineConfig(threads=r["threads"]).resolved_threads(),
+                     r["ngl"], r["ngl_draft"], r["context"], r["overhead_ms_per_call"] or 0.0)
+    if costs is None or not r["base_tokens_per_ms"]:
+        return costs
+    # the calibration gives the curve's shape; its level comes from this category's plain run, measured on
+    # the real prompts (filler text at an interpolated context misjudges long prompts)
+    level = 1 / r["base_tokens_per_ms"] / costs.target_ms[0]
+    return replace(costs, target_ms=[x * level for x in costs.target_ms])
 
 
 def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:

@@ -180,6 +180,12 @@ def read_plan(run_dir: Path) -> dict:
     return json.loads(f.read_text())
 
 
+def record_result(run_dir: Path, record: dict) -> None:
+    """Append one configuration's result line to results.jsonl (what finished() reads back)."""
+    with open(run_dir / "results.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
 def finished(run_dir: Path) -> dict[str, dict]:
     """Results recorded so far, by instance id (the last record wins)."""
     out = {}

@@ -1,7 +1,6 @@
 """One benchmark configuration in its own process: clean RSS, and a crash in llama.cpp ends only this worker."""
 from __future__ import annotations
 
-import json
 import resource
 import time
 import traceback
@@ -10,13 +9,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.procs import death, run_isolated
-from harness.sweep import Instance
-
-
-def _append(path: Path, record: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        f.flush()
+from harness.sweep import Instance, finished, record_result
 
 
 def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path) -> dict:
@@ -67,16 +60,14 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
 def adaptive_controller(inst: Instance, pair, run_dir: Path, context: float):
     """One controller per category, fed by the run's calibrations at the category's context (bench checked
     they exist)."""
-    from harness import calibrate as cal
-    from harness.costmodel import AdaptiveGamma, Costs
-    threads = pair.target.cfg.resolved_threads()
-    t = cal.load(pair.target_model.name, threads, inst.ngl, run_dir / "calibration")
-    d = cal.load(pair.draft_model.name, threads, inst.ngl_draft, run_dir / "calibration") if pair.draft_model else None
-    if t is None or (pair.draft_model and d is None):
+    from harness.calibrate import costs_at
+    from harness.costmodel import AdaptiveGamma
+    costs = costs_at(run_dir / "calibration", pair.target_model.name,
+                     pair.draft_model.name if pair.draft_model else None, pair.target.cfg.resolved_threads(),
+                     inst.ngl, inst.ngl_draft, context)
+    if costs is None:
         raise HarnessError("adaptive gamma needs calibrations in the run directory: rerun bench with --calibrate")
-    draft = cal.at_context(d, context) if d else []
-    return AdaptiveGamma(Costs(cal.at_context(t, context), draft[0] if d else 0.0, draft_curve=tuple(draft)),
-                         inst.gamma)
+    return AdaptiveGamma(costs, inst.gamma)
 
 
 def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str) -> None:
@@ -89,15 +80,14 @@ def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int
     except Exception as e:  # noqa: BLE001 - any failure becomes a row; the sweep goes on
         res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     res["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    _append(rd / "results.jsonl", {"config": inst.id, **asdict(inst), **res})
+    record_result(rd, {"config": inst.id, **asdict(inst), **res})
 
 
 def run_in_worker(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path) -> dict:
     """Run in a fresh process; a worker that dies (segfault, out of memory) still leaves an error row."""
-    from harness.sweep import finished
     code = run_isolated(_child, asdict(inst), prompts, max_tokens, repeat, n_ctx, str(run_dir))
     res = finished(run_dir).get(inst.id)
     if code != 0 or res is None:
         res = {"config": inst.id, **asdict(inst), "status": "error", "error": death(code)}
-        _append(run_dir / "results.jsonl", res)
+        record_result(run_dir, res)
     return res
