@@ -2,17 +2,24 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 
 
 def run_isolated(target, *args) -> int:
-    """Run target(*args) in a spawned process and wait; Ctrl-C stops the child too. Returns its exit code."""
+    """Run target(*args) in a spawned process and wait; Ctrl-C stops the child too. Returns its exit code.
+    SIGINT is held back while the child starts: an interrupt in the middle of handing it its arguments would
+    leave it to die with a traceback of its own. The child keeps it blocked; the parent stops it."""
     p = mp.get_context("spawn").Process(target=target, args=args)
-    p.start()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
+        p.start()
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a Ctrl-C held back during the start lands here
         p.join()
     except BaseException:
-        p.terminate()
-        p.join()
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if p.pid is not None:
+            p.terminate()
+            p.join()
         raise
     return p.exitcode
 
