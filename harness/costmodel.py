@@ -1,19 +1,17 @@
 """Leviathan et al. (2023) cost model with measured cost curves, and the per-step gamma controller."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from harness.errors import HarnessError
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """E[tokens per step] = (1 - alpha^(gamma+1)) / (1 - alpha): accepted drafts plus the correction/bonus."""
-    if gamma <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+def expected_tokens(alpha, gamma: int):
+    """E[tokens per step] = (1 - alpha^(gamma+1)) / (1 - alpha): accepted drafts plus the correction/bonus.
+    Summed as the series, so alpha = 1 and numpy arrays of alpha need no special case."""
+    return sum(alpha ** i for i in range(max(gamma, 0) + 1))
 
 
 @dataclass(frozen=True)
@@ -63,44 +61,93 @@ def best_gamma(alpha: float, costs: Costs, gamma_max: int) -> int:
 
 
 class AdaptiveGamma:
-    """Per step, the gamma in {0..gamma_max} with the most expected tokens per ms under a running alpha.
+    """Per step, the gamma in {0..gamma_max} with the most expected tokens per ms.
 
-    alpha is the mean of the last `window` per-position sum min(p, q) values (every proposed position is
-    measured, so rejections do not bias it), shrunk towards `prior` by `prior_weight` pseudo-observations.
-    While plain decoding is predicted best, a gamma=1 probe is taken only when it is worth its price: what
-    speculation could gain over the remaining tokens at an optimistic alpha (the estimate plus
-    1/sqrt(observations)) must exceed what the probe costs, the draft catching up over the skipped tokens plus
-    a two-token verify instead of a one-token decode. Where even a perfect draft cannot win, it never probes."""
+    alpha: a Beta posterior over the per-position sum min(p, q) values of the last `window` proposed positions
+    (every proposed position is measured, so rejections do not bias it), from a weak Beta prior (mean `prior`,
+    `prior_weight` pseudo-observations).
+    Costs: the calibration, scaled by what this run's own decodes took, target and draft apart, so that a
+    calibration on filler text or at another context length does not set the level.
+    Probes: while plain decoding is predicted best, a speculative step (the gamma predicted to lose least) is
+    taken only when it is worth its price.
+    Its value is what knowing alpha could gain over the remaining tokens, averaged over the posterior
+    (E[max(0, 1 - 1/S(alpha))] * remaining * T_target(1), S the best predicted speedup at alpha); its price is
+    the probe's expected loss against a plain step, the draft catching up over the skipped tokens included.
+    Where no alpha can make speculation win, the value is zero and it never probes."""
+
+    GRID = np.linspace(0.0, 1.0, 201)[1:-1]  # alpha values the posterior is integrated over
+    SCALE_PRIOR_STEPS = 4
 
     def __init__(self, costs: Costs, gamma_max: int, prior: float = 0.6, prior_weight: float = 2.0,
                  window: int = 64):
-        self.costs, self.gamma_max = costs, gamma_max
+        self.calibrated, self.gamma_max = costs, gamma_max
         self.prior, self.prior_weight, self.window = prior, prior_weight, window
         self.seen: list[float] = []
         self.backlog = 0  # plain steps since the draft last ran
+        self.spent = {"target": [0.0, 0.0], "draft": [0.0, 0.0]}  # measured, predicted ms
+        self.costs = costs
+        self._planned_draft = 0.0
 
     @property
     def alpha(self) -> float:
-        recent = self.seen[-self.window:]
-        return (self.prior * self.prior_weight + sum(recent)) / (self.prior_weight + len(recent))
+        a, b = self._posterior()
+        return a / (a + b)
 
-    def probe_worth_it(self, remaining: int) -> bool:
+    def _posterior(self) -> tuple[float, float]:
+        recent = self.seen[-self.window:]
+        s = sum(recent)
+        return self.prior * self.prior_weight + s, (1 - self.prior) * self.prior_weight + len(recent) - s
+
+    def _scale(self, k: str) -> float:
+        """measured / predicted, shrunk towards 1 by a few steps' worth of calibration: one slow step is noise."""
+        measured, predicted = self.spent[k]
+        c = self.calibrated
+        prior = self.SCALE_PRIOR_STEPS * (c.target_ms[0] if k == "target" else c.draft_ms)
+        return (measured + prior) / (predicted + prior) if predicted + prior > 0 else 1.0
+
+    def _scaled(self) -> Costs:
+        c, t, d = self.calibrated, self._scale("target"), self._scale("draft")
+        return Costs([x * t for x in c.target_ms], c.draft_ms * d, c.overhead_ms, tuple(x * d for x in c.draft_curve))
+
+    def _draft_part(self, c: Costs, g: int) -> float:
+        """The draft's share of a gamma-g step: catching up over the plain steps since it last ran, then g tokens."""
+        return c.catch_up(self.backlog + 1) - c.draft_ms + c.draft_step_ms(g, self.alpha) if g else 0.0
+
+    def probe_value(self, remaining: int) -> float:
+        """Expected ms saved over `remaining` tokens by switching to the best gamma if alpha were known."""
+        c, grid = self.costs, self.GRID
+        a, b = self._posterior()
+        w = np.exp((a - 1) * np.log(grid) + (b - 1) * np.log1p(-grid))
+        w /= w.sum()
+        speedup = np.max([predicted_speedup(grid, g, c) for g in range(1, self.gamma_max + 1)], axis=0)
+        return remaining * c.target_ms[0] * float(w @ np.maximum(0.0, 1 - 1 / speedup))
+
+    def probe_price(self, g: int) -> float:
+        """A gamma-g step at the posterior mean against plain decoding: its cost less the tokens it is worth."""
         c = self.costs
-        n = min(len(self.seen), self.window) + self.prior_weight
-        optimistic = min(1.0, self.alpha + 1 / math.sqrt(n))
-        best = max(predicted_speedup(optimistic, g, c) for g in range(1, self.gamma_max + 1))
-        if best <= 1:
-            return False
-        gain = remaining * c.target_ms[0] * (1 - 1 / best)
-        cost = c.catch_up(self.backlog + 1) + c.verify(2) - c.verify(1)
-        return gain > cost
+        step = self._draft_part(c, g) + c.verify(g + 1) + c.overhead_ms
+        return step - expected_tokens(self.alpha, g) * c.target_ms[0]
 
     def choose(self, remaining: int = 1 << 20) -> int:
-        g = best_gamma(self.alpha, self.costs, self.gamma_max)
-        if g == 0 and self.probe_worth_it(remaining):
-            g = 1
+        """The next step's gamma, at most remaining - 1 (the target adds one token of its own)."""
+        self.costs = c = self._scaled()
+        a, top = self.alpha, min(self.gamma_max, remaining - 1)
+        g = max(range(1, top + 1), key=lambda x: c.tokens_per_ms(a, x), default=0)
+        # predicted to lose against plain decoding, it can still pay as a probe: the least costly speculative
+        # step, which also observes the most positions per ms
+        if g and c.tokens_per_ms(a, g) <= 1 / c.target_ms[0] and self.probe_value(remaining - 1) <= self.probe_price(g):
+            g = 0
+        raw = self.calibrated  # predictions in calibrated units: measured / predicted is the scale
+        self._planned_draft = self._draft_part(raw, g)
         self.backlog = 0 if g else self.backlog + 1
         return g
 
-    def observe(self, alphas: list[float]) -> None:
+    def observe(self, alphas: list[float], draft_ms: float | None = None, verify_ms: float | None = None) -> None:
+        """One step's per-position alphas (one per proposed token) and, when given, what its draft and verify
+        decodes took: they rescale the calibration."""
         self.seen.extend(alphas)
+        for k, measured, predicted in (("target", verify_ms, self.calibrated.verify(len(alphas) + 1)),
+                                       ("draft", draft_ms, self._planned_draft)):
+            if measured is not None and predicted > 0:
+                self.spent[k][0] += measured
+                self.spent[k][1] += predicted

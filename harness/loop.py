@@ -42,7 +42,8 @@ def _margin(row: np.ndarray) -> float:
 def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=0,
              trace: TraceWriter | None = None, mode: str | None = None) -> dict:
     """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding.
-    gamma is a fixed draft length or a controller with choose() and observe(alphas) (costmodel.AdaptiveGamma)."""
+    gamma is a fixed draft length or a controller with choose(remaining) and observe(alphas, draft_ms, verify_ms)
+    (costmodel.AdaptiveGamma)."""
     ctl = gamma if hasattr(gamma, "choose") else None
     mode = mode or ("baseline" if proposer is None else "speculative")
     trace = trace or TraceWriter(None)
@@ -66,7 +67,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
     step = 0
     while len(out) < req.max_tokens:
         remaining = req.max_tokens - len(out)
-        g = min(ctl.choose(remaining) if ctl else gamma, remaining - 1) if proposer is not None else 0
+        g = 0 if proposer is None else ctl.choose(remaining) if ctl else min(gamma, remaining - 1)
         s0 = time.perf_counter()
         prop = proposer.propose(ctx, g) if g > 0 else Proposal()
         s1 = time.perf_counter()
@@ -99,8 +100,8 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
             proposer.accepted(ctx, k)
         s3 = time.perf_counter()
         instr_total += instr
-        if ctl and n_prop:
-            ctl.observe(verdict.alpha)
+        if ctl:
+            ctl.observe(verdict.alpha, (s1 - s0) * 1e3, (s2 - s1) * 1e3)
         rec = {"type": "step", "step": step, "gamma": g, "proposed": n_prop, "accepted": k,
                "rejected_at": k if k < n_prop else None, "token": verdict.token, "emitted": len(new),
                "alpha": [round(a, 6) for a in verdict.alpha], "target_conf": [round(c, 6) for c in conf],
