@@ -20,7 +20,7 @@ def cal_path(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> P
     return root / f"{model_name}-t{threads}-ngl{ngl}.json"
 
 
-def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, reps: int = 3) -> dict:
+def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, reps: int = 5) -> dict:
     if k_max < 1 or reps < 1:
         raise HarnessError("--k-max and --reps must be >= 1")
     m = resolve(model_ref)

@@ -197,7 +197,7 @@ def report(run_dir, formats, check_only):
 @click.option("--threads", type=int, default=0, help="Default: physical cores.")
 @click.option("--ngl", type=int, default=0)
 @click.option("--k-max", type=int, default=16, show_default=True)
-@click.option("--reps", type=int, default=3, show_default=True)
+@click.option("--reps", type=int, default=5, show_default=True)
 def calibrate(model, threads, ngl, k_max, reps):
     """The llama_decode cost of k = 1..k-max tokens with all logits; stored for the cost model."""
     from harness import calibrate as cal

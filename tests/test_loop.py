@@ -68,6 +68,31 @@ def test_trace_records_are_coherent_and_kv_is_rolled_back(engines):
         assert gen["from_draft"].count("d") == sum(s["accepted"] for s in steps) or gen["stop"] == "eos"
 
 
+class Scripted:
+    """A gamma controller that plays a fixed schedule and records what the loop tells it."""
+
+    def __init__(self, schedule):
+        self.schedule, self.calls = list(schedule), []
+
+    def choose(self, remaining):
+        return min(self.schedule.pop(0) if self.schedule else 0, remaining - 1)
+
+    def observe(self, alphas, draft_ms, verify_ms):
+        self.calls.append((len(alphas), draft_ms, verify_ms))
+
+
+def test_loop_tells_the_controller_each_step_but_each_models_warm_up(engines):
+    target, draft = engines
+    ctl = Scripted([0, 0, 2, 0, 3, 1])
+    tw = TraceWriter(None, keep=True)
+    generate(target, requests(target, 12)[0], Policy(), DraftModelProposer(draft), ctl, tw)
+    steps = [r for r in tw.records if r["type"] == "step"]
+    assert [r["gamma"] for r in steps[:6]] == [0, 0, 2, 0, 3, 1]
+    assert [n for n, _, _ in ctl.calls] == [r["proposed"] for r in steps]
+    assert ctl.calls[0][2] is None and all(v > 0 for _, _, v in ctl.calls[1:])  # the target's first decode
+    assert ctl.calls[2][1] is None and ctl.calls[4][1] > 0 and ctl.calls[5][1] > 0  # the draft's first run
+
+
 def test_sampled_speculative_run_is_reproducible_for_a_seed(engines):
     target, draft = engines
     req = requests(target, 16)[0]
