@@ -75,6 +75,8 @@ def prepare_calibrations(instances: list[Instance], run_dir: Path, calibrate: bo
     dest.mkdir(exist_ok=True)
     for ref, threads, ngl in sorted(needs):
         name = resolve(ref).name
+        if cal.cal_path(name, threads, ngl, dest).exists():
+            continue  # a resumed run keeps the costs its finished configurations ran with
         src = cal.cal_path(name, threads, ngl)
         if calibrate:
             click.echo(f"calibrating {name} (threads {threads}, ngl {ngl})", err=True)
@@ -161,6 +163,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
         click.echo(f"estimated time: about {est / 60:.1f} min (crude; from a 4-token probe of each model)", err=True)
     try:
         _run_all(todo, prompts, params, run_dir)
+        _closing_baselines(instances, skipped, prompts, params, run_dir)
     except KeyboardInterrupt:
         n = sum(1 for r in finished(run_dir).values() if r.get("status") == "ok")
         write_reports(run_dir)
@@ -187,6 +190,23 @@ def _run_all(todo: list[Instance], prompts: list, params: Params, run_dir: Path)
     finally:
         if bar:
             bar.__exit__(None, None, None)
+
+
+def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path) -> None:
+    """The plain baselines once more, after everything else: how far the machine's speed drifted while the
+    sweep ran, which is the noise band of every speedup in the report. Kept apart in run_dir/drift."""
+    from harness.report import DRIFT_DIR
+    from harness.worker import run_in_worker
+    base = [i for i in instances if i.baseline and i.id not in skipped]
+    if not base or len(base) == len(instances):
+        return
+    d = run_dir / DRIFT_DIR
+    (d / "traces").mkdir(parents=True, exist_ok=True)
+    done = finished(d)
+    for i in base:
+        if done.get(i.id, {}).get("status") != "ok":
+            click.echo(f"drift check: {i.target} baseline {json.dumps(i.policy)} again", err=True)
+            run_in_worker(i, prompts, params.max_tokens, params.repeat, params.n_ctx, d)
 
 
 def command_line() -> str:

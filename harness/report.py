@@ -15,6 +15,7 @@ from harness.sweep import finished, read_plan
 from harness.trace import read_records
 
 BASE_KEYS = ["target", "policy", "ngl", "threads", "category"]
+DRIFT_DIR = "drift"  # the plain baselines run again at the end of a sweep
 
 
 def load_records(run_dir: Path, configs: set[str]) -> list[dict]:
@@ -70,6 +71,10 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
         pl.col("tokens_per_s").alias("base_tokens_per_s"))
     sweep = sweep.join(base, on=BASE_KEYS, how="left").with_columns(
         (pl.col("tokens_per_ms") / pl.col("base_tokens_per_ms")).alias("speedup"))
+    end = closing_baselines(run_dir, cfg)
+    if end is not None:
+        sweep = sweep.join(end, on=BASE_KEYS, how="left").with_columns(
+            (pl.col("base_end_tokens_per_s") / pl.col("base_tokens_per_s")).alias("drift"))
     spec = steps.filter(pl.col("proposed") > 0)
     if len(spec):
         for extra in (_compact(metrics.per_position(spec, keys), "pos", "accept_prob", ".2f"),
@@ -83,6 +88,17 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     out["sweep"] = sweep
     out["equivalence"] = equivalence(steps, gens, cfg)
     return out
+
+
+def closing_baselines(run_dir: Path, cfg: pl.DataFrame) -> pl.DataFrame | None:
+    """Plain tokens/s per baseline key from the baselines bench ran again after the sweep; None without them."""
+    d = run_dir / DRIFT_DIR
+    ok = {c for c, r in finished(d).items() if r.get("status") == "ok"} if d.is_dir() else set()
+    _, gens = metrics.frames(load_records(d, ok))
+    if not len(gens):
+        return None
+    tp = metrics.throughput(gens, ["config", "category"]).join(cfg.select("config", *BASE_KEYS[:-1]), on="config")
+    return tp.select(*BASE_KEYS, pl.col("tokens_per_s").alias("base_end_tokens_per_s"))
 
 
 def equivalence(steps: pl.DataFrame, gens: pl.DataFrame, cfg: pl.DataFrame) -> pl.DataFrame:
@@ -179,7 +195,7 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame]) -> str:
         lines += ["No configuration finished.", ""]
     else:
         cost_lines, points = _cost_model(sweep, run_dir)
-        lines += _verdicts(sweep) + _per_category(sweep) + cost_lines + _quantization(sweep) + \
+        lines += _verdicts(sweep) + _drift(sweep) + _per_category(sweep) + cost_lines + _quantization(sweep) + \
             _memory(sweep) + _equivalence(data.get("equivalence"), cfg) + _plots(sweep, points, run_dir)
     if len(failed):
         lines += ["## Configurations that did not finish", "",
@@ -213,6 +229,8 @@ def _verdicts(sweep: pl.DataFrame) -> list[str]:
             continue
         b, s = base.row(0, named=True), spec.row(0, named=True)
         decision = verdict.decide(s["tokens_per_ms"], b["tokens_per_ms"])
+        if b.get("drift") and abs(s["speedup"] - 1) <= abs(b["drift"] - 1):
+            decision += " (within drift)"
         why = ""
         if s["adaptive"] and not s["proposed"]:
             decision = "plain decoding"
@@ -228,6 +246,22 @@ def _verdicts(sweep: pl.DataFrame) -> list[str]:
             "Best speculative configuration per category and policy against plain decoding.", "",
             _table(rows, ["category", "policy", "plain tok/s", "best (draft, gamma)", "tok/s", "speedup",
                           "acceptance", "break-even acceptance", "verdict", "where the time goes"]), ""]
+
+
+def _drift(sweep: pl.DataFrame) -> list[str]:
+    if "drift" not in sweep.columns:
+        return []
+    base = sweep.filter((pl.col("draft") == "none") & pl.col("drift").is_not_null())
+    if not len(base):
+        return []
+    rows = [[r["category"], r["policy"], _f(r["base_tokens_per_s"], ".2f"), _f(r["base_end_tokens_per_s"], ".2f"),
+             _f(r["drift"], ".3f")] for r in base.iter_rows(named=True)]
+    worst = max(abs(d - 1) for d in base["drift"])
+    return ["## Drift", "",
+            "The plain baselines ran again after every other configuration. Speedups are against the first run; "
+            f"the two differ by up to {worst:.1%} here, so a speedup closer to 1.00x than its category's drift "
+            "is within this run's noise (the verdict says so).", "",
+            _table(rows, ["category", "policy", "plain tok/s (start)", "plain tok/s (end)", "end / start"]), ""]
 
 
 def _break_even(r: dict) -> str:

@@ -56,6 +56,23 @@ def test_smoke_report_structure(smoke_run):
     assert all(r["peak_rss_bytes"] > 50 * 2**20 for r in results)
 
 
+def test_plain_baselines_run_again_at_the_end_to_measure_drift(smoke_run):
+    again = [json.loads(x) for x in (smoke_run / "drift" / "results.jsonl").read_text().splitlines()]
+    opening = [json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["config"] for r in again) == sorted(r["config"] for r in opening if r["draft"] == "none")
+    rows = [r for r in json.loads((smoke_run / "metrics.json").read_text()) if r["draft"] == "none"]
+    assert len(rows) == 12  # two policies x six categories
+    recs = raw(smoke_run / "drift")
+    for r in rows:
+        key = (r["config"], r["category"])
+        gens = [g for g in recs if g["type"] == "generation" and (g["config"], g["category"]) == key]
+        end = sum(g["n_tokens"] for g in gens) / sum(g["gen_ms"] for g in gens) * 1000
+        assert r["base_end_tokens_per_s"] == pytest.approx(end)
+        assert r["drift"] == pytest.approx(end / r["base_tokens_per_s"])
+    md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
+    assert "## Drift" in md and "end / start" in md
+
+
 def test_report_figures_equal_those_recomputed_from_traces(smoke_run):
     metrics = json.loads((smoke_run / "metrics.json").read_text())
     recs = raw(smoke_run)
@@ -179,6 +196,10 @@ def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k)
     steps = [json.loads(x) for f in (run / "traces").glob("auto-*.jsonl") for x in f.read_text().splitlines()]
     assert {s["gamma"] for s in steps if s["type"] == "step"} <= {0, 1, 2}
     assert harness("report", str(run), "--check", cwd=tmp_path, env=env).returncode == 0
+    cals = {f.name: f.read_text() for f in (run / "calibration").iterdir()}
+    r = harness("bench", "--resume", str(run), cwd=tmp_path, env=env)  # nothing left: no new calibration
+    assert r.returncode == 0 and "calibrating" not in r.stderr, r.stderr
+    assert {f.name: f.read_text() for f in (run / "calibration").iterdir()} == cals
 
 
 def test_ctrl_c_keeps_what_finished(tmp_path, smol):
