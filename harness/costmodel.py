@@ -53,11 +53,19 @@ def predicted_speedup(alpha: float, gamma: int, costs: Costs) -> float:
     return expected_tokens(alpha, gamma) * costs.target_ms[0] / costs.step_ms(gamma, alpha)
 
 
+def best_speculative(alpha: float, costs: Costs, gamma_max: int) -> int:
+    """The gamma in 1..gamma_max with the most expected tokens per ms, win or lose (0 when gamma_max < 1)."""
+    return max(range(1, gamma_max + 1), key=lambda g: costs.tokens_per_ms(alpha, g), default=0)
+
+
+def beats_plain(alpha: float, gamma: int, costs: Costs) -> bool:
+    return costs.tokens_per_ms(alpha, gamma) > 1.0 / costs.target_ms[0]
+
+
 def best_gamma(alpha: float, costs: Costs, gamma_max: int) -> int:
     """0 means plain decoding is predicted to be fastest."""
-    plain = 1.0 / costs.target_ms[0]
-    best = max(range(1, gamma_max + 1), key=lambda g: costs.tokens_per_ms(alpha, g))
-    return best if costs.tokens_per_ms(alpha, best) > plain else 0
+    g = best_speculative(alpha, costs, gamma_max)
+    return g if g and beats_plain(alpha, g, costs) else 0
 
 
 class AdaptiveGamma:
@@ -132,10 +140,10 @@ class AdaptiveGamma:
         """The next step's gamma, at most remaining - 1 (the target adds one token of its own)."""
         self.costs = c = self._scaled()
         a, top = self.alpha, min(self.gamma_max, remaining - 1)
-        g = max(range(1, top + 1), key=lambda x: c.tokens_per_ms(a, x), default=0)
+        g = best_speculative(a, c, top)
         # predicted to lose against plain decoding, it can still pay as a probe: the least costly speculative
         # step, which also observes the most positions per ms
-        if g and c.tokens_per_ms(a, g) <= 1 / c.target_ms[0] and self.probe_value(remaining - 1) <= self.probe_price(g):
+        if g and not beats_plain(a, g, c) and self.probe_value(remaining - 1) <= self.probe_price(g):
             g = 0
         raw = self.calibrated  # predictions in calibrated units: measured / predicted is the scale
         self._planned_draft = self._draft_part(raw, g)
