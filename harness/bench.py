@@ -11,7 +11,8 @@ from pathlib import Path
 import click
 
 from harness.errors import HarnessError
-from harness.sweep import Instance, Params, expand, finished, new_run_dir, read_plan, record_result, write_plan
+from harness.sweep import (DRIFT_DIR, Instance, Params, expand, finished, new_run_dir, read_plan, record_result,
+                           write_plan)
 
 
 def _preflight(instances: list[Instance], prompts: list, skip_unsupported: bool) -> dict[str, str]:
@@ -100,9 +101,10 @@ def _probe_ms(ref: str) -> float:
         return (time.perf_counter() - t) / 4 * 1000
 
 
-def estimate_s(instances: list[Instance], prompts: list, max_tokens: int, repeat: int) -> float:
+def estimate_s(instances: list[Instance], prompts: list, max_tokens: int, repeat: int, paired: bool = False) -> float:
     """Crude: each generated token costs one target decode, a speculative one also ~gamma/2 draft decodes and
-    a verify ~1.5x a decode; prompt evaluation ~1/8 of a decode per token. Printed as an estimate only."""
+    a verify ~1.5x a decode; prompt evaluation ~1/8 of a decode per token; paired adds a plain run to each
+    speculative one. Printed as an estimate only."""
     from harness.pair import parse_ngram
     ms = {}
     total = 0.0
@@ -113,8 +115,8 @@ def estimate_s(instances: list[Instance], prompts: list, max_tokens: int, repeat
         per_tok = t
         if not i.baseline:
             d = 0.0 if parse_ngram(i.draft) is not None else ms.setdefault(i.draft, _probe_ms(i.draft))
-            per_tok = (i.gamma * d + 1.5 * t) / (1 + 0.5 * i.gamma)
-        total += n_tok * per_tok + n_prompt * t / 8 * (1 if i.baseline else 1.3)
+            per_tok = (i.gamma * d + 1.5 * t) / (1 + 0.5 * i.gamma) + (t if paired else 0)
+        total += n_tok * per_tok + n_prompt * t / 8 * (1 if i.baseline else 1.3 + paired)
     return total / 1000
 
 
@@ -159,7 +161,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     click.echo(f"{len(instances)} configurations ({len(todo)} to run) x {len(prompts)} prompts x "
                f"{params.repeat} repeat(s)", err=True)
     if todo:
-        est = estimate_s(todo, prompts, params.max_tokens, params.repeat)
+        est = estimate_s(todo, prompts, params.max_tokens, params.repeat, params.paired)
         click.echo(f"estimated time: about {est / 60:.1f} min (crude; from a 4-token probe of each model)", err=True)
     try:
         _run_all(todo, prompts, params, run_dir)
@@ -182,7 +184,8 @@ def _run_all(todo: list[Instance], prompts: list, params: Params, run_dir: Path)
     items = bar.__enter__() if bar else todo
     try:
         for k, inst in enumerate(items, 1):
-            res = run_in_worker(inst, prompts, params.max_tokens, params.repeat, params.n_ctx, run_dir)
+            res = run_in_worker(inst, prompts, params.max_tokens, params.repeat, params.n_ctx, run_dir,
+                                params.paired)
             if not tty:
                 what = "baseline" if inst.baseline else f"{inst.draft} gamma={inst.gamma_label}"
                 status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
@@ -195,7 +198,6 @@ def _run_all(todo: list[Instance], prompts: list, params: Params, run_dir: Path)
 def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path) -> None:
     """The plain baselines once more, after everything else: how far the machine's speed drifted while the
     sweep ran, which is the noise band of every speedup in the report. Kept apart in run_dir/drift."""
-    from harness.report import DRIFT_DIR
     from harness.worker import run_in_worker
     base = [i for i in instances if i.baseline and i.id not in skipped]
     if not base or len(base) == len(instances):

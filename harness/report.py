@@ -11,11 +11,10 @@ from tabulate import tabulate
 from harness import metrics, verdict
 from harness.errors import HarnessError
 from harness.sampling import Policy
-from harness.sweep import finished, read_plan
+from harness.sweep import DRIFT_DIR, PAIRED_DIR, finished, read_plan
 from harness.trace import read_records
 
 BASE_KEYS = ["target", "policy", "ngl", "threads", "category"]
-DRIFT_DIR = "drift"  # the plain baselines run again at the end of a sweep
 
 
 def load_records(run_dir: Path, configs: set[str]) -> list[dict]:
@@ -69,8 +68,21 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     base = sweep.filter(pl.col("draft") == "none").select(
         *BASE_KEYS, pl.col("tokens_per_ms").alias("base_tokens_per_ms"),
         pl.col("tokens_per_s").alias("base_tokens_per_s"))
-    sweep = sweep.join(base, on=BASE_KEYS, how="left").with_columns(
-        (pl.col("tokens_per_ms") / pl.col("base_tokens_per_ms")).alias("speedup"))
+    sweep = sweep.join(base, on=BASE_KEYS, how="left")
+    paired = side_runs(run_dir / PAIRED_DIR, run_dir)  # recorded with the configuration it ran in
+    if paired is not None:
+        sweep = sweep.join(paired.select(*keys, pl.col("tokens_per_ms").alias("paired_tokens_per_ms"),
+                                         pl.col("tokens_per_s").alias("paired_tokens_per_s")), on=keys, how="left")
+    else:
+        sweep = sweep.with_columns(pl.lit(None, pl.Float64).alias("paired_tokens_per_ms"),
+                                   pl.lit(None, pl.Float64).alias("paired_tokens_per_s"))
+    # the reference plain speed of each row: its paired plain runs where the run has them, else the category's
+    # plain baseline configuration
+    sweep = sweep.with_columns(
+        pl.coalesce("paired_tokens_per_ms", "base_tokens_per_ms").alias("ref_tokens_per_ms"),
+        pl.coalesce("paired_tokens_per_s", "base_tokens_per_s").alias("ref_tokens_per_s"),
+        (pl.col("tokens_per_ms") / pl.col("base_tokens_per_ms")).alias("speedup_vs_baseline"),
+    ).with_columns((pl.col("tokens_per_ms") / pl.col("ref_tokens_per_ms")).alias("speedup"))
     end = closing_baselines(run_dir, cfg)
     if end is not None:
         sweep = sweep.join(end, on=BASE_KEYS, how="left").with_columns(
@@ -82,7 +94,7 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
                       _compact(metrics.by_confidence(spec, keys), "target_conf", "accept_prob", ".2f")):
             sweep = sweep.join(extra, on=keys, how="left")
     be = [None if r["adaptive"] else verdict.break_even_rate(
-        r["step_ms"] or 0, 1 / r["base_tokens_per_ms"] if r["base_tokens_per_ms"] else 0, r["gamma"])
+        r["step_ms"] or 0, 1 / r["ref_tokens_per_ms"] if r["ref_tokens_per_ms"] else 0, r["gamma"])
         for r in sweep.iter_rows(named=True)]
     sweep = sweep.with_columns(pl.Series("break_even_rate", be, dtype=pl.Float64))
     out["sweep"] = sweep
@@ -90,14 +102,21 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     return out
 
 
+def side_runs(d: Path, results: Path | None = None) -> pl.DataFrame | None:
+    """Throughput per configuration and category of the generations in a side directory (drift/, paired/) of
+    the configurations that finished (results.jsonl of d, or another run directory's); None without any."""
+    res = results or d
+    ok = {c for c, r in finished(res).items() if r.get("status") == "ok"} if d.is_dir() else set()
+    _, gens = metrics.frames(load_records(d, ok))
+    return metrics.throughput(gens, ["config", "category"]) if len(gens) else None
+
+
 def closing_baselines(run_dir: Path, cfg: pl.DataFrame) -> pl.DataFrame | None:
     """Plain tokens/s per baseline key from the baselines bench ran again after the sweep; None without them."""
-    d = run_dir / DRIFT_DIR
-    ok = {c for c, r in finished(d).items() if r.get("status") == "ok"} if d.is_dir() else set()
-    _, gens = metrics.frames(load_records(d, ok))
-    if not len(gens):
+    tp = side_runs(run_dir / DRIFT_DIR)
+    if tp is None:
         return None
-    tp = metrics.throughput(gens, ["config", "category"]).join(cfg.select("config", *BASE_KEYS[:-1]), on="config")
+    tp = tp.join(cfg.select("config", *BASE_KEYS[:-1]), on="config")
     return tp.select(*BASE_KEYS, pl.col("tokens_per_s").alias("base_end_tokens_per_s"))
 
 
@@ -208,9 +227,11 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame]) -> str:
               "sampling policy (under greedy, the rate at which draft and target argmax agree). Three different "
               "figures: never compare one with another.",
               "- tokens/call = emitted tokens per target decode (accepted + the correction or bonus token).",
-              "- speedup = tokens/s against the plain baseline of the same target, policy, offload, threads and "
-              "category, measured in the same run. Speculate only where accepted progress per millisecond "
-              "(tokens/ms) beats plain decoding, i.e. speedup > 1.",
+              "- speedup = tokens/s against plain decoding of the same target, policy, offload, threads and "
+              "category, measured in the same run: in a paired run (`--paired`), against the plain generations "
+              "run prompt by prompt beside this configuration's in its worker (plain tok/s, per row); otherwise "
+              "against the category's plain baseline configuration. Speculate only where accepted progress per "
+              "millisecond (tokens/ms) beats plain decoding, i.e. speedup > 1.",
               "- break-even = the acceptance rate at which this configuration's measured step cost "
               "(draft + verify + overhead) would match plain decoding: (step_ms / base_ms_per_token - 1) / gamma; "
               "'unreachable' when even 100% acceptance loses.",
@@ -223,13 +244,14 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame]) -> str:
 def _verdicts(sweep: pl.DataFrame) -> list[str]:
     rows = []
     for (cat, pol), g in sweep.group_by(["category", "policy"], maintain_order=True):
-        spec = g.filter(pl.col("draft") != "none").sort("tokens_per_ms", descending=True, nulls_last=True)
+        spec = g.filter(pl.col("draft") != "none").sort("speedup", descending=True, nulls_last=True)
         base = g.filter(pl.col("draft") == "none")
         if not len(base) or not len(spec):
             continue
         b, s = base.row(0, named=True), spec.row(0, named=True)
-        decision = verdict.decide(s["tokens_per_ms"], b["tokens_per_ms"])
-        if b.get("drift") and abs(s["speedup"] - 1) <= abs(b["drift"] - 1):
+        decision = verdict.decide(s["speedup"])
+        # a paired speedup has no drift in it; one against the opening baseline is only as good as the drift
+        if s["paired_tokens_per_ms"] is None and b.get("drift") and abs(s["speedup"] - 1) <= abs(b["drift"] - 1):
             decision += " (within drift)"
         why = ""
         if s["adaptive"] and not s["proposed"]:
@@ -237,9 +259,9 @@ def _verdicts(sweep: pl.DataFrame) -> list[str]:
             why = "adaptive gamma chose plain decoding at every step"
         elif decision != "speculate":
             why = verdict.where_time_goes(s["draft_ms"], s["verify_ms"], s["overhead_ms"])
-            if s["verify_ms_per_call"] and b["tokens_per_ms"]:
-                why += f"; a verify call costs {s['verify_ms_per_call'] * b['tokens_per_ms']:.1f}x a plain decode"
-        rows.append([cat, pol, _f(b["tokens_per_s"], ".1f"), f"{s['draft']} g={s['gamma_label']}",
+            if s["verify_ms_per_call"] and s["ref_tokens_per_ms"]:
+                why += f"; a verify call costs {s['verify_ms_per_call'] * s['ref_tokens_per_ms']:.1f}x a plain decode"
+        rows.append([cat, pol, _f(s["ref_tokens_per_s"], ".1f"), f"{s['draft']} g={s['gamma_label']}",
                      _f(s["tokens_per_s"], ".1f"), _f(s["speedup"]) + "x", _f(s["acceptance_rate"], ".0%"),
                      _break_even(s), decision, why])
     return ["## Verdict per category", "",
@@ -254,14 +276,25 @@ def _drift(sweep: pl.DataFrame) -> list[str]:
     base = sweep.filter((pl.col("draft") == "none") & pl.col("drift").is_not_null())
     if not len(base):
         return []
+    rng = sweep.filter(pl.col("paired_tokens_per_s").is_not_null()).group_by(["category", "policy"]).agg(
+        pl.col("paired_tokens_per_s").min().alias("lo"), pl.col("paired_tokens_per_s").max().alias("hi"))
+    base = base.join(rng, on=["category", "policy"], how="left")
+    paired = base["lo"].is_not_null().any()
     rows = [[r["category"], r["policy"], _f(r["base_tokens_per_s"], ".2f"), _f(r["base_end_tokens_per_s"], ".2f"),
-             _f(r["drift"], ".3f")] for r in base.iter_rows(named=True)]
+             _f(r["drift"], ".3f")] + ([f"{_f(r['lo'], '.2f')}-{_f(r['hi'], '.2f')}"] if paired else [])
+            for r in base.iter_rows(named=True)]
     worst = max(abs(d - 1) for d in base["drift"])
-    return ["## Drift", "",
-            "The plain baselines ran again after every other configuration. Speedups are against the first run; "
-            f"the two differ by up to {worst:.1%} here, so a speedup closer to 1.00x than its category's drift "
-            "is within this run's noise (the verdict says so).", "",
-            _table(rows, ["category", "policy", "plain tok/s (start)", "plain tok/s (end)", "end / start"]), ""]
+    text = ("The plain baselines ran again after every other configuration; the two differ by up to "
+            f"{worst:.1%} here. ")
+    if paired:
+        text += ("Speedups are against the plain runs paired with each configuration in its worker, so this "
+                 "drift is not in them; the last column is the range of those paired plain speeds over the run.")
+    else:
+        text += ("Speedups are against the first run, so a speedup closer to 1.00x than its category's drift is "
+                 "within this run's noise (the verdict says so).")
+    return ["## Drift", "", text, "",
+            _table(rows, ["category", "policy", "plain tok/s (start)", "plain tok/s (end)", "end / start"]
+                   + (["paired plain tok/s (range)"] if paired else [])), ""]
 
 
 def _break_even(r: dict) -> str:
@@ -273,7 +306,8 @@ def _break_even(r: dict) -> str:
 def _per_category(sweep: pl.DataFrame) -> list[str]:
     lines = ["## Per category", ""]
     cols = ["draft", "gamma", "policy", "ngl", "proposed", "accepted", "acceptance", "accepted/step", "tokens/call",
-            "alpha", "draft ms/step", "verify ms/call", "overhead ms/call", "tok/s", "speedup", "latency ms",
+            "alpha", "draft ms/step", "verify ms/call", "overhead ms/call", "tok/s", "plain tok/s", "speedup",
+            "latency ms",
             "break-even", "per-position", "rejections", "by target confidence"]
     for cat, g in sweep.group_by("category", maintain_order=True):
         rows = []
@@ -283,7 +317,8 @@ def _per_category(sweep: pl.DataFrame) -> list[str]:
                          r["accepted"] if spec else "", _f(r["acceptance_rate"], ".1%"), _f(r["mean_accepted_len"]),
                          _f(r["tokens_per_call"]), _f(r["alpha"], ".3f"), _f(r["draft_ms_per_step"], ".1f"),
                          _f(r["verify_ms_per_call"], ".1f"), _f(r["overhead_ms_per_call"], ".2f"),
-                         _f(r["tokens_per_s"], ".1f"), _f(r["speedup"]) + "x", _f(r["latency_ms"], ".0f"),
+                         _f(r["tokens_per_s"], ".1f"), _f(r["ref_tokens_per_s"], ".1f") if spec else "",
+                         _f(r["speedup"]) + "x", _f(r["latency_ms"], ".0f"),
                          _break_even(r) if spec else "",
                          r.get("pos_accept_prob") or "", r.get("rejected_at_steps") or "",
                          r.get("target_conf_accept_prob") or ""])
@@ -301,11 +336,11 @@ def _costs_for(r: dict, run_dir: Path):
     # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
     costs = costs_at(run_dir / "calibration", r["target"], draft, EngineConfig(threads=r["threads"]).resolved_threads(),
                      r["ngl"], r["ngl_draft"], r["context"], r["overhead_ms_per_call"] or 0.0)
-    if costs is None or not r["base_tokens_per_ms"]:
+    if costs is None or not r["ref_tokens_per_ms"]:
         return costs
-    # the calibration gives the curve's shape; its level comes from this category's plain run, measured on
+    # the calibration gives the curve's shape; its level comes from the row's plain reference, measured on
     # the real prompts (filler text at an interpolated context misjudges long prompts)
-    level = 1 / r["base_tokens_per_ms"] / costs.target_ms[0]
+    level = 1 / r["ref_tokens_per_ms"] / costs.target_ms[0]
     return replace(costs, target_ms=[x * level for x in costs.target_ms])
 
 

@@ -16,7 +16,11 @@ from harness.errors import HarnessError
 from harness.sampling import Policy
 
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads")
-SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate")
+SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
+               "paired")
+# Side runs kept apart from run_dir/traces, each with its own traces/ and results.jsonl:
+DRIFT_DIR = "drift"    # the plain baselines run again at the end of a sweep
+PAIRED_DIR = "paired"  # plain decoding interleaved with each speculative configuration, in its worker
 
 
 def profiles_file() -> Path:
@@ -43,6 +47,7 @@ class Params:
     seed: int = 0
     n_ctx: int = 2048
     calibrate: bool = False
+    paired: bool = False  # a plain generation beside every speculative one, in the same worker
 
 
 def load_profile(name: str, path: Path | None = None) -> dict:

@@ -19,7 +19,8 @@ def where_time_goes(draft_ms: float, verify_ms: float, overhead_ms: float) -> st
             f"overhead {overhead_ms / total:.0%} of step time")
 
 
-def decide(spec_tokens_per_ms: float | None, base_tokens_per_ms: float | None) -> str:
-    if not spec_tokens_per_ms or not base_tokens_per_ms:
+def decide(speedup: float | None) -> str:
+    """speedup: speculative tokens/ms over plain tokens/ms, measured alike."""
+    if not speedup:
         return "no data"
-    return "speculate" if spec_tokens_per_ms > base_tokens_per_ms else "plain decoding"
+    return "speculate" if speedup > 1 else "plain decoding"

@@ -9,10 +9,14 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.procs import death, run_isolated
-from harness.sweep import Instance, finished, record_result
+from harness.sweep import PAIRED_DIR, Instance, finished, record_result
 
 
-def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path) -> dict:
+def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path,
+                 paired: bool = False) -> dict:
+    """Every prompt (times repeat) through one configuration. paired: each speculative generation also runs
+    as plain decoding in this worker, alternating which goes first, into run_dir/paired: a reference taken
+    seconds apart, so the machine's drift over a long sweep cancels out of the speedup."""
     from harness.engine import EngineConfig
     from harness.loop import Request, check_fits, generate
     from harness.pair import open_pair
@@ -23,9 +27,12 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
     cfg = EngineConfig(n_ctx=n_ctx, n_gpu_layers=inst.ngl, threads=inst.threads)
     pair = open_pair(inst.target, None if inst.baseline else inst.draft, cfg, inst.ngl_draft,
                      check_alignment=False)  # the sweep checked every pair up front
-    trace_file = run_dir / "traces" / f"{inst.id}.jsonl"
-    trace_file.unlink(missing_ok=True)  # a rerun replaces a partial trace
-    mode = "baseline" if inst.baseline else "speculative"
+    files = {"baseline" if inst.baseline else "speculative": run_dir / "traces" / f"{inst.id}.jsonl"}
+    if paired and not inst.baseline:
+        files["baseline"] = run_dir / PAIRED_DIR / "traces" / f"{inst.id}.jsonl"
+    for f in files.values():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.unlink(missing_ok=True)  # a rerun replaces a partial trace
     try:
         requests = []
         for pr in prompts:
@@ -33,20 +40,26 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
             mt = max_tokens or pr.max_tokens
             check_fits(len(toks), mt, inst.gamma, pair.target.n_ctx)
             requests.append((pr, Request(pr.id, toks, mt, pr.category)))
+        warm_up(pair, requests[0][1].tokens, inst.gamma)
         controllers = {}
+        n = 0
         for rep in range(repeat):
             pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
             for pr, req in requests:
-                tw = TraceWriter(trace_file, config=inst.id, mode=mode, category=pr.category,
-                                 prompt_id=pr.id, repeat=rep)
                 gamma = inst.gamma
                 if inst.adaptive:
                     if pr.category not in controllers:
                         ctx = len(req.tokens) + req.max_tokens / 2
                         controllers[pr.category] = adaptive_controller(inst, pair, run_dir, ctx)
                     gamma = controllers[pr.category]
-                generate(pair.target, req, pol, pair.proposer, gamma, tw, mode)
-                tw.close()
+                modes = list(files) if n % 2 == 0 else list(reversed(files))
+                n += 1
+                for mode in modes:
+                    tw = TraceWriter(files[mode], config=inst.id, mode=mode, category=pr.category,
+                                     prompt_id=pr.id, repeat=rep)
+                    spec = mode == "speculative"
+                    generate(pair.target, req, pol, pair.proposer if spec else None, gamma if spec else 0, tw, mode)
+                    tw.close()
         kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
         return {"status": "ok", "kv_bytes": kv, "target_bytes": pair.target.path.stat().st_size,
                 "draft_bytes": pair.draft_engine.path.stat().st_size if pair.draft_engine else 0,
@@ -55,6 +68,16 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
                 "wall_s": time.perf_counter() - t0}
     finally:
         pair.close()
+
+
+def warm_up(pair, tokens: list[int], gamma: int) -> None:
+    """One verify-sized decode on the target and one token on the draft, discarded: page in the weights and
+    size the compute buffers, so that neither the first generation nor whichever of a pair runs first pays it."""
+    pair.target.decode(tokens[:gamma + 1], logits="all")
+    pair.target.reset()
+    if pair.draft_engine:
+        pair.draft_engine.decode(tokens[:1], logits="last")
+        pair.draft_engine.reset()
 
 
 def adaptive_controller(inst: Instance, pair, run_dir: Path, context: float):
@@ -70,11 +93,12 @@ def adaptive_controller(inst: Instance, pair, run_dir: Path, context: float):
     return AdaptiveGamma(costs, inst.gamma)
 
 
-def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str) -> None:
+def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str,
+           paired: bool) -> None:
     inst = Instance(**inst_d)
     rd = Path(run_dir)
     try:
-        res = run_instance(inst, prompts, max_tokens, repeat, n_ctx, rd)
+        res = run_instance(inst, prompts, max_tokens, repeat, n_ctx, rd, paired)
     except HarnessError as e:
         res = {"status": "error", "error": str(e)}
     except Exception as e:  # noqa: BLE001 - any failure becomes a row; the sweep goes on
@@ -83,9 +107,10 @@ def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int
     record_result(rd, {"config": inst.id, **asdict(inst), **res})
 
 
-def run_in_worker(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path) -> dict:
+def run_in_worker(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path,
+                  paired: bool = False) -> dict:
     """Run in a fresh process; a worker that dies (segfault, out of memory) still leaves an error row."""
-    code = run_isolated(_child, asdict(inst), prompts, max_tokens, repeat, n_ctx, str(run_dir))
+    code = run_isolated(_child, asdict(inst), prompts, max_tokens, repeat, n_ctx, str(run_dir), paired)
     res = finished(run_dir).get(inst.id)
     if code != 0 or res is None:
         res = {"config": inst.id, **asdict(inst), "status": "error", "error": death(code)}

@@ -73,6 +73,32 @@ def test_plain_baselines_run_again_at_the_end_to_measure_drift(smoke_run):
     assert "## Drift" in md and "end / start" in md
 
 
+def test_paired_plain_runs_are_the_reference_of_every_speculative_row(smoke_run):
+    results = [json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()]
+    spec = {r["config"] for r in results if r["draft"] != "none"}
+    assert {f.stem for f in (smoke_run / "paired" / "traces").glob("*.jsonl")} == spec
+    paired = raw(smoke_run / "paired")
+    assert {r["mode"] for r in paired} == {"baseline"} and not any(r.get("proposed") for r in paired)
+    main = raw(smoke_run)
+    base_out = {(g["prompt_id"], json.dumps(g["tokens"])) for g in main
+                if g["type"] == "generation" and g["mode"] == "baseline" and g["config"].startswith("base")}
+    rows = [r for r in json.loads((smoke_run / "metrics.json").read_text()) if r["draft"] != "none"]
+    assert len(rows) == len(spec) * 6
+    for r in rows:
+        key = (r["config"], r["category"])
+        pg = [g for g in paired if g["type"] == "generation" and (g["config"], g["category"]) == key]
+        sg = [g for g in main if g["type"] == "generation" and (g["config"], g["category"]) == key]
+        assert [g["prompt_id"] for g in pg] == [g["prompt_id"] for g in sg]  # one plain run per speculative one
+        ref = sum(g["n_tokens"] for g in pg) / sum(g["gen_ms"] for g in pg)
+        assert r["paired_tokens_per_ms"] == pytest.approx(ref)
+        assert r["speedup"] == pytest.approx(r["tokens_per_ms"] / ref)
+        assert r["speedup_vs_baseline"] == pytest.approx(r["tokens_per_ms"] / r["base_tokens_per_ms"])
+        if r["policy"] == "greedy":  # plain greedy decoding in another worker gives the baseline's tokens
+            assert all((g["prompt_id"], json.dumps(g["tokens"])) in base_out for g in pg)
+    md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
+    assert "paired plain tok/s (range)" in md and "(within drift)" not in md
+
+
 def test_report_figures_equal_those_recomputed_from_traces(smoke_run):
     metrics = json.loads((smoke_run / "metrics.json").read_text())
     recs = raw(smoke_run)
