@@ -71,9 +71,9 @@ def best_gamma(alpha: float, costs: Costs, gamma_max: int) -> int:
 class AdaptiveGamma:
     """Per step, the gamma in {0..gamma_max} with the most expected tokens per ms.
 
-    alpha: a Beta posterior over the per-position sum min(p, q) values of the last `window` proposed positions
-    (every proposed position is measured, so rejections do not bias it), from a weak Beta prior (mean `prior`,
-    `prior_weight` pseudo-observations).
+    alpha: a Beta posterior over the per-position sum min(p, q) values of the last `window` positions verification
+    reached (accepted ones and the first rejection: the per-position acceptance the model's E assumes), from a
+    weak Beta prior (mean `prior`, `prior_weight` pseudo-observations).
     Costs: the calibration, scaled by what this run's own decodes took, target and draft apart, so that a
     calibration on filler text or at another context length does not set the level.
     Probes: while plain decoding is predicted best, a speculative step (the gamma predicted to lose least) is
@@ -150,11 +150,12 @@ class AdaptiveGamma:
         self.backlog = 0 if g else self.backlog + 1
         return g
 
-    def observe(self, alphas: list[float], draft_ms: float | None = None, verify_ms: float | None = None) -> None:
-        """One step's per-position alphas (one per proposed token) and, when given, what its draft and verify
-        decodes took: they rescale the calibration."""
+    def observe(self, alphas: list[float], proposed: int, draft_ms: float | None = None,
+                verify_ms: float | None = None) -> None:
+        """One step's alphas at the positions verification reached (Verdict.reached), how many tokens it proposed
+        and, when given, what its draft and verify decodes took: they rescale the calibration."""
         self.seen.extend(alphas)
-        for k, measured, predicted in (("target", verify_ms, self.calibrated.verify(len(alphas) + 1)),
+        for k, measured, predicted in (("target", verify_ms, self.calibrated.verify(proposed + 1)),
                                        ("draft", draft_ms, self._planned_draft)):
             if measured is not None and predicted > 0:
                 self.spent[k][0] += measured

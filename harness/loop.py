@@ -42,7 +42,8 @@ def _margin(row: np.ndarray) -> float:
 def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=0,
              trace: TraceWriter | None = None, mode: str | None = None) -> dict:
     """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding.
-    gamma is a fixed draft length or a controller with choose(remaining) and observe(alphas, draft_ms, verify_ms)
+    gamma is a fixed draft length or a controller with choose(remaining) and observe(alphas, proposed, draft_ms,
+    verify_ms)
     (costmodel.AdaptiveGamma)."""
     ctl = gamma if hasattr(gamma, "choose") else None
     mode = mode or ("baseline" if proposer is None else "speculative")
@@ -102,7 +103,8 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
         s3 = time.perf_counter()
         instr_total += instr
         if ctl:  # each model's first decode in a generation pays a one-off warm-up (1.5-2x): not a cost to learn
-            ctl.observe(verdict.alpha, (s1 - s0) * 1e3 if drafted > 1 else None, (s2 - s1) * 1e3 if step else None)
+            ctl.observe(verdict.reached, n_prop, (s1 - s0) * 1e3 if drafted > 1 else None,
+                        (s2 - s1) * 1e3 if step else None)
         rec = {"type": "step", "step": step, "gamma": g, "proposed": n_prop, "accepted": k,
                "rejected_at": k if k < n_prop else None, "token": verdict.token, "emitted": len(new),
                "alpha": [round(a, 6) for a in verdict.alpha], "target_conf": [round(c, 6) for c in conf],

@@ -3,9 +3,11 @@
 Three acceptance figures, never conflated:
 - acceptance_rate = accepted / proposed draft tokens;
 - mean_accepted_len = accepted draft tokens per verification step (a step that proposed at least one);
-- alpha = mean over proposed positions of sum_x min(p(x), q(x)) (Leviathan et al. 2023), with p and q the
-  processed distributions of the run's sampling policy (one-hot under greedy, so alpha is then the rate at
-  which draft and target argmax agree at each proposed position, rejected or not).
+- alpha = mean of sum_x min(p(x), q(x)) (Leviathan et al. 2023) over the positions verification reached (each
+  step's accepted drafts and its first rejection), with p and q the processed distributions of the run's
+  sampling policy (one-hot under greedy, so alpha is then the rate at which draft and target argmax agree where
+  they were compared on the output's own prefix). Traces keep every proposed position; those after a rejection
+  sit on a prefix the output never contains, so Leviathan's alpha leaves them out.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def acceptance(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         pl.col("proposed").sum(),
         pl.col("accepted").sum(),
         pl.col("emitted").sum(),
-        pl.col("alpha").explode().drop_nulls().mean().alias("alpha"),
+        pl.col("alpha").list.head(pl.col("accepted") + 1).explode().drop_nulls().mean().alias("alpha"),
         pl.col("draft_ms").sum(),
         pl.col("verify_ms").sum(),
         pl.col("overhead_ms").sum(),

@@ -223,9 +223,10 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame]) -> str:
                          ["config", "draft", "gamma", "policy", "status", "error"]), ""]
     lines += ["## How to read this", "",
               "- acceptance = accepted / proposed draft tokens; accepted/step = mean accepted draft tokens per "
-              "verification step; alpha = mean over proposed positions of sum_x min(p, q) under the row's "
-              "sampling policy (under greedy, the rate at which draft and target argmax agree). Three different "
-              "figures: never compare one with another.",
+              "verification step; alpha = mean of sum_x min(p, q) under the row's sampling policy over the "
+              "positions verification reached (accepted drafts and each step's first rejection; under greedy, "
+              "the rate at which draft and target argmax agree there). Three different figures: never compare "
+              "one with another.",
               "- tokens/call = emitted tokens per target decode (accepted + the correction or bonus token).",
               "- speedup = tokens/s against plain decoding of the same target, policy, offload, threads and "
               "category, measured in the same run: in a paired run (`--paired`), against the plain generations "

@@ -49,15 +49,15 @@ def test_adaptive_gamma_probes_while_worth_it_and_switches_back_on():
     assert best_gamma(0.5, MARGINAL, 4) == 0 and best_gamma(0.9, MARGINAL, 4) > 0
     ctl = AdaptiveGamma(MARGINAL, 4, prior=0.5)
     assert ctl.choose(64) == 1  # a cheap early probe: the draft is in sync
-    ctl.observe([1.0])
+    ctl.observe([1.0], 1)
     for _ in range(8):
         g = ctl.choose(60)
-        ctl.observe([1.0] * g)
+        ctl.observe([1.0] * g, g)
     assert ctl.alpha > 0.8 and ctl.choose(50) >= 1  # high alpha switches speculation on
     ctl = AdaptiveGamma(MARGINAL, 4, prior=0.5)
     ctl.choose(64)
     for _ in range(12):
-        ctl.observe([0.0])
+        ctl.observe([0.0], 1)
     picks = [ctl.choose(8) for _ in range(20)]
     assert set(picks) == {0}  # low alpha and few tokens left: probing is not worth its cost
     assert CPU.catch_up(4) == 80 and Costs([1], 2.0, draft_curve=(2.0, 3.0)).catch_up(4) == 6.0
@@ -68,16 +68,16 @@ def test_adaptive_gamma_speculates_on_a_gpu_like_curve():
     g = ctl.choose()
     assert g >= 4
     for _ in range(60):
-        ctl.observe([0.0] * g)
+        ctl.observe([0.0], g)  # rejected at the first position: the only one reached
     assert ctl.choose(8) <= 1
 
 
 def test_adaptive_gamma_learns_from_one_probe():
     ctl = AdaptiveGamma(GPU, 6, prior=0.2)
     assert ctl.choose() <= 1
-    ctl.observe([0.95])
+    ctl.observe([0.95], 1)
     for _ in range(3):
-        ctl.observe([0.95] * 4)
+        ctl.observe([0.95] * 4, 4)
     assert ctl.alpha > 0.8 and ctl.choose() >= 4
 
 
@@ -86,7 +86,7 @@ def test_adaptive_gamma_rescales_the_calibration_by_what_steps_took():
     g = ctl.choose()
     assert g >= 4  # the calibration promises a cheap draft
     for _ in range(10):  # ...but every draft step takes 10x what it said: the draft costs more than it saves
-        ctl.observe([0.9] * g, draft_ms=10 * ctl._planned_draft, verify_ms=GPU.verify(g + 1))
+        ctl.observe([0.9] * g, g, draft_ms=10 * ctl._planned_draft, verify_ms=GPU.verify(g + 1))
         g = ctl.choose(200)
         if g == 0:
             break
@@ -123,7 +123,7 @@ def _simulate(costs: Costs, alpha: float, n_tokens: int, gamma, seed: int) -> fl
         verify = costs.verify(g + 1)
         total += draft + verify + (costs.overhead_ms if g else 0.0)
         if ctl:
-            ctl.observe([float(x) for x in match], draft, verify)
+            ctl.observe([float(x) for x in match[:k + 1]], g, draft, verify)
         backlog = 0 if g else backlog + 1
         out += min(k + 1, n_tokens - out)
     return total

@@ -77,8 +77,8 @@ class Scripted:
     def choose(self, remaining):
         return min(self.schedule.pop(0) if self.schedule else 0, remaining - 1)
 
-    def observe(self, alphas, draft_ms, verify_ms):
-        self.calls.append((len(alphas), draft_ms, verify_ms))
+    def observe(self, alphas, proposed, draft_ms, verify_ms):
+        self.calls.append((proposed, len(alphas), draft_ms, verify_ms))
 
 
 def test_loop_tells_the_controller_each_step_but_each_models_warm_up(engines):
@@ -88,9 +88,11 @@ def test_loop_tells_the_controller_each_step_but_each_models_warm_up(engines):
     generate(target, requests(target, 12)[0], Policy(), DraftModelProposer(draft), ctl, tw)
     steps = [r for r in tw.records if r["type"] == "step"]
     assert [r["gamma"] for r in steps[:6]] == [0, 0, 2, 0, 3, 1]
-    assert [n for n, _, _ in ctl.calls] == [r["proposed"] for r in steps]
-    assert ctl.calls[0][2] is None and all(v > 0 for _, _, v in ctl.calls[1:])  # the target's first decode
-    assert ctl.calls[2][1] is None and ctl.calls[4][1] > 0 and ctl.calls[5][1] > 0  # the draft's first run
+    assert [n for n, _, _, _ in ctl.calls] == [r["proposed"] for r in steps]
+    # alphas only where verification reached: the accepted drafts and the first rejection
+    assert [a for _, a, _, _ in ctl.calls] == [min(r["accepted"] + 1, r["proposed"]) for r in steps]
+    assert ctl.calls[0][3] is None and all(v > 0 for *_, v in ctl.calls[1:])  # the target's first decode
+    assert ctl.calls[2][2] is None and ctl.calls[4][2] > 0 and ctl.calls[5][2] > 0  # the draft's first run
 
 
 def test_sampled_speculative_run_is_reproducible_for_a_seed(engines):
