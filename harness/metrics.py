@@ -40,6 +40,7 @@ def acceptance(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         pl.col("proposed").sum(),
         pl.col("accepted").sum(),
         pl.col("emitted").sum(),
+        pl.col("emitted").std().alias("emitted_std"),
         pl.col("alpha").list.head(pl.col("accepted") + 1).explode().drop_nulls().mean().alias("alpha"),
         pl.col("draft_ms").sum(),
         pl.col("verify_ms").sum(),
@@ -48,6 +49,8 @@ def acceptance(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         safe_div(pl.col("accepted"), pl.col("proposed")).alias("acceptance_rate"),
         safe_div(pl.col("accepted"), pl.col("verify_steps")).alias("mean_accepted_len"),
         safe_div(pl.col("emitted"), pl.col("target_calls")).alias("tokens_per_call"),
+        # relative standard error of tokens per call: how far a short run's acceptance draws alone move it
+        safe_div(pl.col("emitted_std") * pl.col("target_calls").sqrt(), pl.col("emitted")).alias("tokens_per_call_rse"),
     )
 
 

@@ -356,14 +356,15 @@ def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:
             continue
         if r["adaptive"]:
             rows.append([r["category"], r["policy"], r["draft"], f"auto<={r['gamma']}", _f(r["alpha"], ".3f"), "",
-                         _f(r["speedup"]) + "x", ""])
+                         _f(r["speedup"]) + "x", "", ""])
             continue
         pred = predicted_speedup(r["alpha"], r["gamma"], costs)
         err = (pred / r["speedup"] - 1) if r["speedup"] else None
         if r["speedup"]:
             points.append((pred, r["speedup"], r["category"]))
+        rse = r["tokens_per_call_rse"]
         rows.append([r["category"], r["policy"], r["draft"], r["gamma"], _f(r["alpha"], ".3f"), _f(pred) + "x",
-                     _f(r["speedup"]) + "x", _f(err, "+.0%")])
+                     _f(r["speedup"]) + "x", _f(err, "+.0%"), "" if rse is None else f"±{rse:.0%}"])
         key = (r["category"], r["policy"], r["draft"])
         best.setdefault(key, (r["alpha"], costs, []))[2].append(r["gamma"])
     if not rows:
@@ -384,8 +385,13 @@ def _cost_model(sweep: pl.DataFrame, run_dir: Path) -> tuple[list[str], list]:
             "Predicted speedup = E * T_target(1) / (gamma * T_draft(1) + T_verify(gamma+1) + overhead), "
             "E = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023), with the decode costs calibrated "
             "in this run (`calibration/`, interpolated to the row's mean context length, scaled so that T_target(1) "
-            "is the same category's measured plain decode), this row's measured alpha and per-step overhead.", "",
-            _table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error"]), "",
+            "is the same category's measured plain decode), this row's measured alpha and per-step overhead. "
+            "s.e. is the relative standard error of the row's measured tokens per target call, from its "
+            "step-to-step spread: how far the acceptance draws of a short run move the measured speedup on their "
+            "own (the prediction uses alpha, which under sampling is an expectation and steadier; under greedy the "
+            "same draws set both); an error within about two of them is sampling noise.",
+            "", _table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error",
+                              "s.e."]), "",
             "Recommended gamma (the cost model's best at the measured alpha; 0 = plain decoding):", "",
             _table(rec, ["category", "policy", "draft", "gamma"]), ""] + ([
             "Adaptive gamma against the better of the best fixed gamma and plain decoding (speedup 1.00x), same "

@@ -1,3 +1,5 @@
+import statistics
+
 import polars as pl
 import pytest
 
@@ -19,3 +21,5 @@ def test_three_acceptance_figures_from_steps_and_alpha_only_where_verification_r
     assert row["mean_accepted_len"] == pytest.approx(5 / 2)
     assert row["alpha"] == pytest.approx(5 / 6)  # 1, 0 | 1, 1, 1, 1
     assert row["tokens_per_call"] == pytest.approx(8 / 3)
+    # standard error of the mean of (2, 5, 1), relative to it
+    assert row["tokens_per_call_rse"] == pytest.approx(statistics.stdev([2, 5, 1]) / 3 ** 0.5 / (8 / 3))
