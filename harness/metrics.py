@@ -40,7 +40,8 @@ def acceptance(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         pl.col("proposed").sum(),
         pl.col("accepted").sum(),
         pl.col("emitted").sum(),
-        pl.col("emitted").std().alias("emitted_std"),
+        # relative standard error of tokens per call: how far a short run's acceptance draws alone move it
+        safe_div(pl.col("emitted").std(), pl.col("emitted").mean() * pl.len().sqrt()).alias("tokens_per_call_rse"),
         pl.col("alpha").list.head(pl.col("accepted") + 1).explode().drop_nulls().mean().alias("alpha"),
         pl.col("draft_ms").sum(),
         pl.col("verify_ms").sum(),
@@ -49,8 +50,6 @@ def acceptance(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         safe_div(pl.col("accepted"), pl.col("proposed")).alias("acceptance_rate"),
         safe_div(pl.col("accepted"), pl.col("verify_steps")).alias("mean_accepted_len"),
         safe_div(pl.col("emitted"), pl.col("target_calls")).alias("tokens_per_call"),
-        # relative standard error of tokens per call: how far a short run's acceptance draws alone move it
-        safe_div(pl.col("emitted_std") * pl.col("target_calls").sqrt(), pl.col("emitted")).alias("tokens_per_call_rse"),
     )
 
 
