@@ -100,34 +100,42 @@ def process(logits: np.ndarray, policy: Policy) -> Dist:
         w = np.exp((logits - m) / policy.temperature, dtype=np.float64)
         return Dist(np.arange(len(logits), dtype=np.int64), w / w.sum())
     floor = m + math.log(min_p) if min_p > 0 else -math.inf  # min_p keeps exactly the ids above this logit
-    z = None
+    # Widen the candidate set until it holds what the chain needs: with top_k, all k survivors (top_p is
+    # normalised over them, so the min_p floor cannot stop the widening); without, the top_p mass of the full
+    # softmax or the floor, below which min_p drops everything anyway. `lowest` (the smallest finite logit)
+    # ends the widening once every finite id is in, so -inf logits (fewer finite ids than k) cost nothing.
+    z = lowest = None
     delta = _START_DELTA
     while True:
-        thr = max(m - delta, floor)
+        thr = m - delta if k else max(m - delta, floor)
         ids = np.flatnonzero(logits >= thr)
-        if thr == floor or len(ids) == len(logits):
-            break
         if k:
             if len(ids) >= k:
                 break
-        else:  # top_p against the full softmax mass
+        elif thr == floor:
+            break
+        elif top_p < 1:  # top_p against the full softmax mass
             if z is None:
-                z = float(np.exp(logits - m, dtype=np.float32).sum(dtype=np.float64))
+                z = float(np.exp(logits - m, dtype=np.float64).sum())
             if np.exp(logits[ids] - m, dtype=np.float64).sum() / z >= top_p:
                 break
+        if lowest is None:
+            lowest = float(logits[np.isfinite(logits)].min())
+        if thr <= lowest:
+            break
         delta *= 2
-    vals = logits[ids].astype(np.float64)
+    vals = (logits[ids] - m).astype(np.float64)  # rounded as z's terms were, so cumsum / z is consistent
     order = np.lexsort((ids, -vals))  # by logit descending, ties by id: deterministic
     ids, vals = ids[order], vals[order]
     if k:
         ids, vals = ids[:k], vals[:k]
     if top_p < 1:
-        w = np.exp(vals - m)
-        total = w.sum() if k else (z if z is not None else float(np.exp(logits - m).sum()))
+        w = np.exp(vals)
+        total = w.sum() if k else (z if z is not None else float(np.exp(logits - m, dtype=np.float64).sum()))
         keep = int(np.searchsorted(np.cumsum(w) / total, top_p)) + 1
         ids, vals = ids[:keep], vals[:keep]
     if min_p > 0:
-        keep = vals >= floor
+        keep = logits[ids] >= floor
         ids, vals = ids[keep], vals[keep]
-    w = np.exp((vals - m) / policy.temperature)
+    w = np.exp(vals / policy.temperature)
     return _sorted_dist(ids, w / w.sum())
