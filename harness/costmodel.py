@@ -71,9 +71,14 @@ def best_gamma(alpha: float, costs: Costs, gamma_max: int) -> int:
 class AdaptiveGamma:
     """Per step, the gamma in {0..gamma_max} with the most expected tokens per ms.
 
-    alpha: a Beta posterior over the per-position sum min(p, q) values of the last `window` positions verification
-    reached (accepted ones and the first rejection: the per-position acceptance the model's E assumes), from a
-    weak Beta prior (mean `prior`, `prior_weight` pseudo-observations).
+    alpha: a posterior on a grid over the per-position sum min(p, q) values at the positions verification reached
+    (accepted ones and the first rejection: the per-position acceptance the model's E assumes), from a weak Beta
+    prior (mean `prior`, `prior_weight` pseudo-observations). Alpha is not a constant of the workload: it moves
+    with the text (a prompt's boilerplate, then its hard part; the next prompt). So the posterior assumes that at
+    every emitted token, with probability `hazard`, alpha jumps to a fresh value from the prior (a change-point
+    model): old evidence loses weight and, while the controller decodes plainly and observes nothing, the prior's
+    share grows back, which keeps a probe's value alive. Without it, a posterior that once said "plain" never
+    moved again.
     Costs: the calibration, scaled by what this run's own decodes took, target and draft apart, so that a
     calibration on filler text or at another context length does not set the level.
     Probes: while plain decoding is predicted best, a speculative step (the gamma predicted to lose least) is
@@ -83,14 +88,17 @@ class AdaptiveGamma:
     the probe's expected loss against a plain step, the draft catching up over the skipped tokens included.
     Where no alpha can make speculation win, the value is zero and it never probes."""
 
-    GRID = np.linspace(0.0, 1.0, 201)[1:-1]  # alpha values the posterior is integrated over
+    GRID = np.linspace(0.0, 1.0, 201)[1:-1]  # alpha values the posterior lives on
+    _LOG, _LOG1M = np.log(GRID), np.log1p(-GRID)
     SCALE_PRIOR_STEPS = 4
 
     def __init__(self, costs: Costs, gamma_max: int, prior: float = 0.6, prior_weight: float = 2.0,
-                 window: int = 64):
-        self.calibrated, self.gamma_max = costs, gamma_max
-        self.prior, self.prior_weight, self.window = prior, prior_weight, window
-        self.seen: list[float] = []
+                 hazard: float = 1 / 128):
+        self.calibrated, self.gamma_max, self.hazard = costs, gamma_max, hazard
+        a, b = prior * prior_weight, (1 - prior) * prior_weight
+        w = np.exp((a - 1) * self._LOG + (b - 1) * self._LOG1M)
+        self.prior = w / w.sum()
+        self.posterior = self.prior.copy()
         self.backlog = 0  # plain steps since the draft last ran
         self.spent = {"target": [0.0, 0.0], "draft": [0.0, 0.0]}  # measured, predicted ms
         self.costs = costs
@@ -98,13 +106,16 @@ class AdaptiveGamma:
 
     @property
     def alpha(self) -> float:
-        a, b = self._posterior()
-        return a / (a + b)
+        return float(self.GRID @ self.posterior)
 
-    def _posterior(self) -> tuple[float, float]:
-        recent = self.seen[-self.window:]
-        s = sum(recent)
-        return self.prior * self.prior_weight + s, (1 - self.prior) * self.prior_weight + len(recent) - s
+    def _age(self, tokens: int) -> None:
+        """`tokens` emitted: the chance that alpha has jumped since is 1 - (1 - hazard)^tokens."""
+        keep = (1 - self.hazard) ** tokens
+        self.posterior = keep * self.posterior + (1 - keep) * self.prior
+
+    def begin(self) -> None:
+        """A new generation: the proposer has evaluated its prompt, so no catch-up is owed."""
+        self.backlog = 0
 
     def _scale(self, k: str) -> float:
         """measured / predicted, shrunk towards 1 by a few steps' worth of calibration: one slow step is noise."""
@@ -124,11 +135,8 @@ class AdaptiveGamma:
     def probe_value(self, remaining: int) -> float:
         """Expected ms saved over `remaining` tokens by switching to the best gamma if alpha were known."""
         c, grid = self.costs, self.GRID
-        a, b = self._posterior()
-        w = np.exp((a - 1) * np.log(grid) + (b - 1) * np.log1p(-grid))
-        w /= w.sum()
         speedup = np.max([predicted_speedup(grid, g, c) for g in range(1, self.gamma_max + 1)], axis=0)
-        return remaining * c.target_ms[0] * float(w @ np.maximum(0.0, 1 - 1 / speedup))
+        return remaining * c.target_ms[0] * float(self.posterior @ np.maximum(0.0, 1 - 1 / speedup))
 
     def probe_price(self, g: int) -> float:
         """A gamma-g step at the posterior mean against plain decoding: its cost less the tokens it is worth."""
@@ -148,13 +156,18 @@ class AdaptiveGamma:
         raw = self.calibrated  # predictions in calibrated units: measured / predicted is the scale
         self._planned_draft = self._draft_part(raw, g)
         self.backlog = 0 if g else self.backlog + 1
+        if not g:
+            self._age(1)  # a plain step emits one token and observes nothing
         return g
 
     def observe(self, alphas: list[float], proposed: int, draft_ms: float | None = None,
                 verify_ms: float | None = None) -> None:
         """One step's alphas at the positions verification reached (Verdict.reached), how many tokens it proposed
         and, when given, what its draft and verify decodes took: they rescale the calibration."""
-        self.seen.extend(alphas)
+        for a in alphas:  # one emitted token per position reached; a in [0, 1] weighs like a fractional Bernoulli
+            self._age(1)
+            p = self.posterior * np.exp(a * self._LOG + (1 - a) * self._LOG1M)
+            self.posterior = p / p.sum()
         for k, measured, predicted in (("target", verify_ms, self.calibrated.verify(proposed + 1)),
                                        ("draft", draft_ms, self._planned_draft)):
             if measured is not None and predicted > 0:

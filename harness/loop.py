@@ -42,9 +42,11 @@ def _margin(row: np.ndarray) -> float:
 def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=0,
              trace: TraceWriter | None = None, mode: str | None = None) -> dict:
     """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding.
-    gamma is a fixed draft length or a controller (costmodel.AdaptiveGamma) with choose(remaining) and
+    gamma is a fixed draft length or a controller (costmodel.AdaptiveGamma) with begin(), choose(remaining) and
     observe(alphas, proposed, draft_ms, verify_ms)."""
     ctl = gamma if hasattr(gamma, "choose") else None
+    if ctl:
+        ctl.begin()
     mode = mode or ("baseline" if proposer is None else "speculative")
     trace = trace or TraceWriter(None)
     rng = np.random.default_rng(policy.seed)

@@ -7,12 +7,14 @@ from harness.errors import HarnessError
 from harness.verdict import break_even_rate, decide
 
 
-def test_expected_tokens_matches_the_series():
-    for a in (0.0, 0.3, 0.8, 0.99):
-        for g in (1, 2, 4, 8):
-            assert expected_tokens(a, g) == pytest.approx(sum(a**i for i in range(g + 1)))
+def test_expected_tokens_known_values():
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    assert expected_tokens(0.8, 1) == pytest.approx(1.8)
+    assert expected_tokens(0.9, 3) == pytest.approx((1 - 0.9**4) / (1 - 0.9))  # the closed form
+    assert expected_tokens(0.0, 4) == 1
     assert expected_tokens(1.0, 4) == 5
     assert expected_tokens(0.5, 0) == 1
+    np.testing.assert_allclose(expected_tokens(np.array([0.5, 0.8]), 2), [1.75, 2.44])
 
 
 # decode cost of k tokens on the 2-core CPU, shaped like ../shared/MODELS.md: verification is compute-bound
@@ -97,8 +99,14 @@ def test_adaptive_gamma_rescales_the_calibration_by_what_steps_took():
 def test_adaptive_gamma_catches_up_the_draft_after_plain_steps():
     ctl = AdaptiveGamma(MARGINAL, 4)
     ctl.backlog = 3
-    assert ctl._draft_part(MARGINAL, 2) == MARGINAL.catch_up(4) - 20 + MARGINAL.draft_step_ms(2, ctl.alpha)
+    # no draft curve: three skipped tokens and two drafts, five single decodes of 20 ms
+    assert ctl._draft_part(MARGINAL, 2) == pytest.approx(100.0)
     assert ctl._draft_part(MARGINAL, 0) == 0.0
+    batched = Costs([70, 100, 115], 20, draft_curve=(20, 22, 24, 26))
+    ctl = AdaptiveGamma(batched, 2)
+    ctl.backlog = 3
+    # the four tokens in one batch (26 ms), the second draft (20 ms), and w.p. alpha^2 the bonus catch-up (2 ms)
+    assert ctl._draft_part(batched, 2) == pytest.approx(26 + 20 + 2 * ctl.alpha ** 2)
 
 
 # measured on this project's 2-core VM (reports/runs/20261130-150917-vm/calibration, 128 cached tokens):
@@ -107,19 +115,27 @@ VM = Costs(target_ms=[70.4, 110.1, 135.6, 126.5, 162.1, 196.5, 220.7, 233.6, 256
            overhead_ms=1.0, draft_curve=(40.5, 51.6, 60.7, 65.3, 97.7))
 
 
-def _simulate(costs: Costs, alpha: float, n_tokens: int, gamma, seed: int) -> float:
-    """ms to emit n_tokens when each drafted token matches with probability alpha (independently), charging
-    each step what `costs` says it takes; gamma is fixed or a controller."""
+def _simulate(costs: Costs, alpha, n_tokens: int, gamma, seed: int) -> float:
+    """ms to emit n_tokens when each drafted token matches with probability alpha (a number, or a function of
+    the output position: alpha drifting), independently, charging each step what `costs` says it takes; gamma is
+    fixed or a controller. The draft's costs are written out here (gamma single decodes, the batched catch-up
+    after plain steps from the draft curve, one more token when a whole block is accepted), apart from Costs."""
+    alpha_at = alpha if callable(alpha) else (lambda pos: alpha)
     rng = np.random.default_rng(seed)
     ctl = gamma if isinstance(gamma, AdaptiveGamma) else None
+    if ctl:
+        ctl.begin()
     total, out, backlog = 0.0, 0, 0
+    curve = costs.draft_curve
     while out < n_tokens:
         g = ctl.choose(n_tokens - out) if ctl else min(gamma, n_tokens - out - 1)
-        match = rng.random(g) < alpha
+        match = rng.random(g) < alpha_at(out)
         k = g if match.all() else int(np.argmin(match))
-        draft = costs.catch_up(backlog + 1) - costs.draft_ms + g * costs.draft_ms if g else 0.0
-        if g and k == g:  # the last proposal and the bonus token reach the draft together
-            draft += costs.catch_up(2) - costs.catch_up(1)
+        draft = 0.0
+        if g:
+            n = backlog + 1  # the skipped tokens and the last one, in one batch
+            catch_up = curve[n - 1] if n <= len(curve) else curve[-1] * n / len(curve)
+            draft = catch_up + (g - 1) * costs.draft_ms + (curve[1] - curve[0] if k == g else 0.0)
         verify = costs.verify(g + 1)
         total += draft + verify + (costs.overhead_ms if g else 0.0)
         if ctl:
@@ -129,15 +145,70 @@ def _simulate(costs: Costs, alpha: float, n_tokens: int, gamma, seed: int) -> fl
     return total
 
 
+def _category(costs: Costs, alphas: list[float], n_each: int, gamma, seed: int) -> float:
+    """Several prompts of one category in a row, one controller carried across them (as the bench does)."""
+    return sum(_simulate(costs, a, n_each, gamma, seed * 100 + i) for i, a in enumerate(alphas))
+
+
+SEEDS = range(20)
+
+
+def _goal(costs: Costs, run, n_tokens: int, gamma_max: int) -> float:
+    """min(plain, best fixed gamma), mean over the seeds: the 5% goal's reference."""
+    fixed = min(np.mean([run(g, s) for s in SEEDS]) for g in range(1, gamma_max + 1))
+    return min(n_tokens * costs.target_ms[0], fixed)
+
+
 @pytest.mark.parametrize("costs", [VM, GPU], ids=["vm", "gpu"])
 @pytest.mark.parametrize("alpha", [0.3, 0.6, 0.85, 0.95])
 def test_adaptive_gamma_is_within_5_percent_of_the_better_of_best_fixed_and_plain(costs, alpha):
     """The issue's goal, in simulation: over 256 tokens, mean time of auto <= 1.05 x min(plain, best fixed)."""
-    n, seeds = 256, range(30)
-    plain = n * costs.target_ms[0]
-    fixed = min(np.mean([_simulate(costs, alpha, n, g, s) for s in seeds]) for g in range(1, 7))
-    auto = np.mean([_simulate(costs, alpha, n, AdaptiveGamma(costs, 6), s) for s in seeds])
-    assert auto <= 1.05 * min(plain, fixed)
+    n = 256
+    auto = np.mean([_simulate(costs, alpha, n, AdaptiveGamma(costs, 6), s) for s in SEEDS])
+    assert auto <= 1.05 * _goal(costs, lambda g, s: _simulate(costs, alpha, n, g, s), n, 6)
+
+
+# a machine where a good draft wins and a poor one loses, with a batched draft catch-up (CPU prompt processing)
+MARGINAL_CPU = Costs(target_ms=[70, 100, 115, 130, 150], draft_ms=20, draft_curve=(20, 22, 24, 26, 28, 30, 32, 34))
+
+
+def _oracle(costs: Costs, segments: list[tuple[float, int]], gamma_max: int) -> float:
+    """Knowing where alpha changes: the better of plain and the best fixed gamma on each stretch."""
+    return sum(_goal(costs, lambda g, s, a=a, n=n: _simulate(costs, a, n, g, s), n, gamma_max)
+               for a, n in segments)
+
+
+@pytest.mark.parametrize("costs", [MARGINAL_CPU, GPU], ids=["marginal", "gpu"])
+@pytest.mark.parametrize("segments", [
+    [(0.2, 128), (0.95, 384)],  # a hard start, then easy: once plain, the old controller never looked again
+    [(0.95, 128), (0.2, 384)],
+    [(0.3, 64), (0.9, 192)],
+], ids=["up", "down", "short-up"])
+def test_adaptive_gamma_follows_drifting_alpha(costs, segments):
+    """Alpha changes mid-generation: still the 5% goal against the best fixed gamma and plain over the same
+    drifting run, and within 10% of an oracle that knows where alpha changes and picks the best on each
+    stretch (the old controller, which stopped probing for good once it chose plain decoding, was 13-15% behind
+    the goal and 40% behind the oracle on the GPU-like curve, 26% behind the oracle on the marginal one)."""
+    n = sum(k for _, k in segments)
+    edge = segments[0][1]
+
+    def alpha_at(pos):
+        return segments[0][0] if pos < edge else segments[1][0]
+
+    auto = np.mean([_simulate(costs, alpha_at, n, AdaptiveGamma(costs, 6 if costs is GPU else 4), s) for s in SEEDS])
+    gm = 6 if costs is GPU else 4
+    assert auto <= 1.05 * _goal(costs, lambda g, s: _simulate(costs, alpha_at, n, g, s), n, gm)
+    assert auto <= 1.10 * _oracle(costs, segments, gm)
+
+
+@pytest.mark.parametrize("costs", [MARGINAL_CPU, GPU], ids=["marginal", "gpu"])
+@pytest.mark.parametrize("alphas", [[0.2, 0.95, 0.95, 0.95], [0.95, 0.2, 0.2, 0.2]], ids=["hard-first", "easy-first"])
+def test_one_hard_prompt_does_not_switch_speculation_off_for_the_category(costs, alphas):
+    """One controller per category, as the bench runs it: four 64-token prompts."""
+    gm = 6 if costs is GPU else 4
+    auto = np.mean([_category(costs, alphas, 64, AdaptiveGamma(costs, gm), s) for s in SEEDS])
+    assert auto <= 1.05 * _goal(costs, lambda g, s: _category(costs, alphas, 64, g, s), 4 * 64, gm)
+    assert auto <= 1.10 * _oracle(costs, [(a, 64) for a in alphas], gm)
 
 
 def test_break_even_rate():

@@ -72,7 +72,10 @@ class Scripted:
     """A gamma controller that plays a fixed schedule and records what the loop tells it."""
 
     def __init__(self, schedule):
-        self.schedule, self.calls = list(schedule), []
+        self.schedule, self.calls, self.begun = list(schedule), [], 0
+
+    def begin(self):
+        self.begun += 1
 
     def choose(self, remaining):
         return min(self.schedule.pop(0) if self.schedule else 0, remaining - 1)
@@ -87,6 +90,7 @@ def test_loop_tells_the_controller_each_step_but_each_models_warm_up(engines):
     tw = TraceWriter(None, keep=True)
     generate(target, requests(target, 12)[0], Policy(), DraftModelProposer(draft), ctl, tw)
     steps = [r for r in tw.records if r["type"] == "step"]
+    assert ctl.begun == 1  # told that a generation starts (its draft is in sync: no catch-up owed)
     assert [r["gamma"] for r in steps[:6]] == [0, 0, 2, 0, 3, 1]
     assert [n for n, _, _, _ in ctl.calls] == [r["proposed"] for r in steps]
     # alphas only where verification reached: the accepted drafts and the first rejection
