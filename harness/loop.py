@@ -87,12 +87,15 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
         conf = [top_prob(row) for row in logits[:n_prop + 1]]
         margin = _margin(logits[0]) if n_prop == 0 and mode == "baseline" and policy.greedy else None
         instr = time.perf_counter() - i0
-        k = verdict.accepted
+        k = raw_k = verdict.accepted
+        rejected_at = k if k < n_prop else None
         new = [*prop.tokens[:k], verdict.token]
         src = [True] * k + [False]
         for j, t in enumerate(new):
             if eog(t):
                 new, src, stop = new[:j], src[:j], "eos"
+                if j < k:  # an accepted draft ended the output: count only the drafts the output contains
+                    k, rejected_at = j, None
                 break
         new, src = new[:remaining], src[:remaining]
         ctx += new
@@ -104,10 +107,10 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
         s3 = time.perf_counter()
         instr_total += instr
         if ctl:  # each model's first decode in a generation pays a one-off warm-up (1.5-2x): not a cost to learn
-            ctl.observe(verdict.reached, n_prop, (s1 - s0) * 1e3 if drafted > 1 else None,
+            ctl.observe(verdict.alpha[:k + (rejected_at is not None)], n_prop, (s1 - s0) * 1e3 if drafted > 1 else None,
                         (s2 - s1) * 1e3 if step else None)
-        rec = {"type": "step", "step": step, "gamma": g, "proposed": n_prop, "accepted": k,
-               "rejected_at": k if k < n_prop else None, "token": verdict.token, "emitted": len(new),
+        rec = {"type": "step", "step": step, "gamma": g, "proposed": n_prop, "accepted": k, "accepted_raw": raw_k,
+               "rejected_at": rejected_at, "token": verdict.token, "emitted": len(new),
                "alpha": [round(a, 6) for a in verdict.alpha], "target_conf": [round(c, 6) for c in conf],
                "draft_ms": (s1 - s0) * 1e3, "verify_ms": (s2 - s1) * 1e3,
                "overhead_ms": (s3 - s2 - instr) * 1e3}

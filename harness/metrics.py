@@ -8,6 +8,9 @@ Three acceptance figures, never conflated:
   sampling policy (one-hot under greedy, so alpha is then the rate at which draft and target argmax agree where
   they were compared on the output's own prefix). Traces keep every proposed position; those after a rejection
   sit on a prefix the output never contains, so Leviathan's alpha leaves them out.
+accepted counts the draft tokens the output contains: when an accepted draft token ends the generation (end of
+generation), neither it nor the drafts after it are in the output or counted (the trace keeps the verifier's
+count as accepted_raw).
 """
 from __future__ import annotations
 
@@ -31,6 +34,12 @@ def safe_div(a: pl.Expr, b: pl.Expr) -> pl.Expr:
     return pl.when(b > 0).then(a / b).otherwise(None)
 
 
+# Positions verification reached in a step: its accepted drafts and, when it rejected one, that one. Later
+# positions sat on a prefix the output never contains; so did those after an accepted draft that ended the
+# output (end of generation), which is why a step without a rejection reaches only its accepted drafts.
+REACHED = pl.col("accepted") + pl.col("rejected_at").is_not_null().cast(pl.Int64)
+
+
 def acceptance(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """Per group: proposed, accepted, the three acceptance figures, tokens per target call, step costs."""
     spec = pl.col("proposed") > 0
@@ -42,7 +51,7 @@ def acceptance(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         pl.col("emitted").sum(),
         # relative standard error of tokens per call: how far a short run's acceptance draws alone move it
         safe_div(pl.col("emitted").std(), pl.col("emitted").mean() * pl.len().sqrt()).alias("tokens_per_call_rse"),
-        pl.col("alpha").list.head(pl.col("accepted") + 1).explode().drop_nulls().mean().alias("alpha"),
+        pl.col("alpha").list.head(REACHED).explode().drop_nulls().mean().alias("alpha"),
         pl.col("draft_ms").sum(),
         pl.col("verify_ms").sum(),
         pl.col("overhead_ms").sum(),
@@ -70,7 +79,7 @@ def throughput(gens: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 def per_position(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """P(position i accepted | i proposed and every earlier position accepted), positions 1..gamma."""
     s = steps.filter(pl.col("proposed") > 0).with_columns(pl.int_ranges(1, pl.col("proposed") + 1).alias("pos"))
-    s = s.explode("pos").filter(pl.col("pos") <= pl.col("accepted") + 1)
+    s = s.explode("pos").filter(pl.col("pos") <= REACHED)
     return s.group_by([*by, "pos"], maintain_order=True).agg(
         (pl.col("pos") <= pl.col("accepted")).mean().alias("accept_prob"), pl.len().alias("tested")
     ).sort([*by, "pos"])
@@ -88,7 +97,7 @@ def by_confidence(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     s = steps.filter(pl.col("proposed") > 0).with_columns(
         pl.int_ranges(0, pl.col("proposed")).alias("i"),
         pl.col("target_conf").list.head(pl.col("proposed")).alias("conf"))
-    s = s.explode(["i", "conf"]).filter(pl.col("i") <= pl.col("accepted"))
+    s = s.explode(["i", "conf"]).filter(pl.col("i") < REACHED)
     s = s.with_columns(pl.col("conf").cut(CONF_BUCKETS, labels=CONF_LABELS, left_closed=True).alias("target_conf"))
     return s.group_by([*by, "target_conf"], maintain_order=True).agg(
         (pl.col("i") < pl.col("accepted")).mean().alias("accept_prob"), pl.len().alias("tested")

@@ -14,13 +14,6 @@ class Verdict:
     token: int             # the correction (after a rejection) or bonus (all accepted) token
     alpha: list[float]     # per proposed position: sum_x min(p(x), q(x))
 
-    @property
-    def reached(self) -> list[float]:
-        """alpha at the positions verification reached: the accepted ones and the first rejected. Later positions
-        sit on a prefix the output never contains, so Leviathan's alpha (an expectation over the decoding's own
-        prefixes, the acceptance probability of a position once reached) leaves them out."""
-        return self.alpha[:self.accepted + 1]
-
 
 def overlap(p: Dist, q: Dist) -> float:
     """sum_x min(p(x), q(x)) over the union of supports."""

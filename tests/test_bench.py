@@ -115,7 +115,8 @@ def test_report_figures_equal_those_recomputed_from_traces(smoke_run):
         assert row["tokens_per_s"] == pytest.approx(tokens / ms * 1000)
         if proposed:
             assert row["acceptance_rate"] == pytest.approx(accepted / proposed)
-            alphas = [a for s in steps for a in s["alpha"][:s["accepted"] + 1]]  # positions reached
+            # the positions reached: accepted drafts and the rejected one
+            alphas = [a for s in steps for a in s["alpha"][:s["accepted"] + (s["rejected_at"] is not None)]]
             assert row["alpha"] == pytest.approx(sum(alphas) / len(alphas))
             vsteps = sum(1 for s in steps if s["proposed"] > 0)
             assert row["mean_accepted_len"] == pytest.approx(accepted / vsteps)

@@ -65,7 +65,7 @@ def test_trace_records_are_coherent_and_kv_is_rolled_back(engines):
             assert (s["rejected_at"] is None) == (s["accepted"] == s["proposed"])
         # the target's cache holds exactly the context but its last token
         assert target.n_past == len(req.tokens) + gen["n_tokens"] - 1
-        assert gen["from_draft"].count("d") == sum(s["accepted"] for s in steps) or gen["stop"] == "eos"
+        assert gen["from_draft"].count("d") == sum(s["accepted"] for s in steps)
 
 
 class Scripted:
@@ -147,3 +147,90 @@ def test_tiny_generated_models_run_the_loop(tiny_set):
         assert metrics.classify(spec["tokens"], base["tokens"], margins)["kind"] != "mismatch"
         logits = t.decode([1], logits="last")
         assert np.isfinite(logits).all()
+
+
+# -- the loop on a scripted fake engine: exact control over what the target and the draft say -----------------
+EOS, V = 0, 16
+
+
+class FakeVocab:
+    def is_eog(self, t):
+        return t == EOS
+
+    def detokenize(self, toks):
+        return " ".join(map(str, toks))
+
+
+class FakeEngine:
+    """Greedy target whose next token after the prompt is script[i] at output position i."""
+
+    def __init__(self, prompt_len, script):
+        self.prompt_len, self.script, self.vocab, self.ctx = prompt_len, script, FakeVocab(), []
+
+    @property
+    def n_past(self):
+        return len(self.ctx)
+
+    def reset(self):
+        self.ctx = []
+
+    def perf_reset(self):
+        pass
+
+    def perf(self):
+        return {"eval_ms": 0.0, "n_eval": 0}
+
+    def decode(self, tokens, logits="last"):
+        self.ctx += list(tokens)
+        if logits == "none":
+            return None
+        rows = range(len(self.ctx) - len(tokens), len(self.ctx)) if logits == "all" else [len(self.ctx) - 1]
+        out = np.full((len(rows), V), -10.0, dtype=np.float32)
+        for i, r in enumerate(rows):
+            out[i, self.script[r + 1 - self.prompt_len]] = 10.0
+        return out
+
+    def trim(self, n):
+        del self.ctx[n:]
+
+
+class ScriptedProposer:
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def prefill(self, prompt, policy):
+        pass
+
+    def propose(self, context, n):
+        from harness.proposers import Proposal
+        from harness.sampling import Dist
+        return Proposal(self.tokens[:n], [Dist.point(t) for t in self.tokens[:n]])
+
+    def accepted(self, context, n):
+        pass
+
+
+def test_an_accepted_draft_end_of_generation_counts_only_what_the_output_contains():
+    """The draft proposes [5, EOS, 7, 8]; the target agrees with all four. The output is [5]: one accepted
+    draft, not four (the verifier's four stay in the trace as accepted_raw), and no rejection."""
+    script = [5, EOS, 7, 8, 9]
+    target = FakeEngine(3, script)
+    tw = TraceWriter(None, keep=True)
+    gen = generate(target, Request("p", [1, 2, 3], 16), Policy(), ScriptedProposer(script[:4]), 4, tw)
+    (step,) = [r for r in tw.records if r["type"] == "step"]
+    assert gen["tokens"] == [5] and gen["stop"] == "eos" and gen["from_draft"] == "d"
+    assert (step["proposed"], step["accepted"], step["accepted_raw"], step["rejected_at"]) == (4, 1, 4, None)
+    row = metrics.summary(tw.records)
+    assert row["accepted"] == 1 and row["acceptance_rate"] == pytest.approx(1 / 4)
+    assert row["alpha"] == pytest.approx(1.0)  # the one position the output contains
+
+
+def test_a_rejection_before_the_end_of_generation_is_counted_as_usual():
+    script = [5, 6, EOS, 8, 9, 10, 11]
+    target = FakeEngine(3, script)
+    tw = TraceWriter(None, keep=True)
+    gen = generate(target, Request("p", [1, 2, 3], 16), Policy(), ScriptedProposer([5, 4, EOS, 8]), 4, tw)
+    steps = [r for r in tw.records if r["type"] == "step"]
+    assert gen["tokens"] == [5, 6] and gen["stop"] == "eos"
+    assert (steps[0]["accepted"], steps[0]["accepted_raw"], steps[0]["rejected_at"]) == (1, 1, 1)
+    assert sum(s["accepted"] for s in steps) == gen["from_draft"].count("d")
