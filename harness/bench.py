@@ -12,7 +12,7 @@ import click
 
 from harness.errors import HarnessError
 from harness.sweep import (DRIFT_DIR, Instance, Params, expand, finished, new_run_dir, read_plan, record_result,
-                           write_plan)
+                           repair_results, write_plan)
 
 
 def _preflight(instances: list[Instance], prompts: list, skip_unsupported: bool) -> dict[str, str]:
@@ -127,6 +127,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     if resume:
         plan = read_plan(resume)
         run_dir = resume
+        repair_results(run_dir)
         instances = [Instance(**d) for d in plan["instances"]]
         from harness.prompts import load
         prompts = load(paths=None, categories=plan["categories"]) if not plan.get("prompt_files") else \

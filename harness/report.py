@@ -11,7 +11,7 @@ from tabulate import tabulate
 from harness import metrics, verdict
 from harness.errors import HarnessError
 from harness.sampling import Policy
-from harness.sweep import DRIFT_DIR, PAIRED_DIR, finished, read_plan
+from harness.sweep import DRIFT_DIR, PAIRED_DIR, finished, read_plan, repair_results
 from harness.trace import read_records
 
 BASE_KEYS = ["target", "policy", "ngl", "threads", "category"]
@@ -467,6 +467,7 @@ def reports_root(run_dir: Path) -> Path:
 
 
 def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> Path:
+    repair_results(run_dir)
     data = compute(run_dir)
     md_text = render_markdown(run_dir, data)
     root = reports_root(run_dir)

@@ -187,8 +187,15 @@ def read_plan(run_dir: Path) -> dict:
 
 def record_result(run_dir: Path, record: dict) -> None:
     """Append one configuration's result line to results.jsonl (what finished() reads back)."""
-    with open(run_dir / "results.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    from harness.trace import append_record
+    append_record(run_dir / "results.jsonl", record)
+
+
+def repair_results(run_dir: Path) -> None:
+    """Drop half-written last lines of the run's results files (its own and the drift check's)."""
+    from harness.trace import repair
+    for d in (run_dir, run_dir / DRIFT_DIR):
+        repair(d / "results.jsonl")
 
 
 def finished(run_dir: Path) -> dict[str, dict]:

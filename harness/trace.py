@@ -29,6 +29,35 @@ class TraceWriter:
             self._f = None
 
 
+def append_record(path: Path, record: dict) -> None:
+    """Append one JSON line, first ending a line a killed writer left half-written, so that it cannot swallow
+    this one (the half line stays unreadable and is skipped; `repair` drops it)."""
+    data = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+    with open(path, "a+b") as f:
+        if f.tell() > 0:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                data = b"\n" + data
+        f.write(data)
+
+
+def repair(path: Path) -> bool:
+    """Cut a partial last line (a kill in the middle of a write) off a JSONL file; True if there was one."""
+    if not path.exists():
+        return False
+    with open(path, "r+b") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            return False
+        f.seek(-1, 2)
+        if f.read(1) == b"\n":
+            return False
+        f.seek(0)
+        keep = f.read().rfind(b"\n") + 1
+        f.truncate(keep)
+    return True
+
+
 def read_records(path: Path) -> list[dict]:
     """Every complete line; a line cut short by a kill at the end of the file is skipped."""
     out = []

@@ -144,13 +144,16 @@ def test_report_exports(smoke_run):
 
 
 def test_resume_runs_only_what_is_missing(smoke_run):
+    """The last result line half-written, as a kill in the middle of the write leaves it: that configuration
+    runs again and its new line is kept whole."""
     res = smoke_run / "results.jsonl"
     lines = res.read_text().splitlines()
-    res.write_text("\n".join(lines[:-1]) + "\n")
+    res.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:len(lines[-1]) // 2])
     r = harness("bench", "--resume", str(smoke_run))
     assert r.returncode == 0, r.stderr
     assert "(1 to run)" in r.stderr
-    assert len(res.read_text().splitlines()) == len(lines)
+    again = [json.loads(x) for x in res.read_text().splitlines()]
+    assert len(again) == len(lines) and all(x["status"] == "ok" for x in again)
 
 
 @pytest.mark.parametrize("args, words", [
