@@ -163,8 +163,6 @@ def bench(profile, out, resume, skip_unsupported, **opts):
         run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command_line())
         return
     params = make_params(load_profile(profile) if profile else {}, opts)
-    if params.repeat < 1 or params.max_tokens < 0 or params.n_ctx < 64:
-        raise HarnessError("--repeat must be >= 1, --max-tokens >= 0 and --n-ctx >= 64")
     prompts = prompts_mod.load(params.categories or None, [Path(p) for p in params.prompts] or None,
                                params.per_category)
     run_bench(params, prompts, Path(out), None, skip_unsupported, command_line())
@@ -226,10 +224,20 @@ def fidelity(reference, others, categories, per_category, max_tokens, threads):
 
 def main():
     try:
-        cli.main(prog_name="harness")
+        cli.main(prog_name="harness", standalone_mode=False)
     except HarnessError as e:
         click.echo(f"harness: error: {e}", err=True)
         sys.exit(e.exit_code)
+    except click.UsageError as e:  # one line, not click's three (usage, hint, error)
+        cmd = e.ctx.command_path if e.ctx else "harness"
+        click.echo(f"harness: error: {e.format_message()} (see `{cmd} --help`)", err=True)
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        click.echo(f"harness: error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("harness: error: aborted", err=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -59,12 +59,23 @@ def default_threads() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+MIN_CTX = 64
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     n_ctx: int = 2048
     n_batch: int = 512
     n_gpu_layers: int = 0
     threads: int = 0  # 0: physical cores
+
+    def __post_init__(self):
+        if self.n_ctx < MIN_CTX:
+            raise HarnessError(f"--n-ctx must be at least {MIN_CTX}, got {self.n_ctx}")
+        if self.threads < 0:
+            raise HarnessError(f"--threads must be >= 0 (0 = physical cores), got {self.threads}")
+        if self.n_gpu_layers < 0:
+            raise HarnessError(f"--ngl/--ngl-draft must be >= 0 (layers offloaded to the GPU), got {self.n_gpu_layers}")
 
     def resolved_threads(self) -> int:
         return self.threads or default_threads()
@@ -198,7 +209,9 @@ class Engine:
             ll.llama_model_free(self.model)
             raise HarnessError(f"llama.cpp could not create a context for {self.path} (n_ctx={cfg.n_ctx}); "
                                "try a smaller context")
-        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        # llama.cpp pads n_ctx up (to a multiple of 256); what the user asked for is the limit they are told of
+        self.n_ctx_alloc = ll.llama_n_ctx(self.ctx)
+        self.n_ctx = min(self.n_ctx_alloc, cfg.n_ctx)
         self.mem = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(cfg.n_batch, 0, 1)
         self.load_ms = (time.perf_counter() - t0) * 1000
@@ -257,7 +270,7 @@ class Engine:
         self._ll.llama_perf_context_reset(self.ctx)
 
     def kv_bytes(self) -> int:
-        """KV cache size for n_ctx at f16 K and V."""
+        """KV cache size of the allocated context at f16 K and V."""
         ll = self._ll
         n_layer = ll.llama_model_n_layer(self.model)
         n_head, n_head_kv = ll.llama_model_n_head(self.model), ll.llama_model_n_head_kv(self.model)
@@ -265,7 +278,7 @@ class Engine:
         arch = self.vocab.meta("general.architecture") or ""
         k_len = int(self.vocab.meta(f"{arch}.attention.key_length") or head_dim)
         v_len = int(self.vocab.meta(f"{arch}.attention.value_length") or head_dim)
-        return self.n_ctx * n_layer * n_head_kv * (k_len + v_len) * 2
+        return self.n_ctx_alloc * n_layer * n_head_kv * (k_len + v_len) * 2
 
     def close(self) -> None:
         ll = self._ll

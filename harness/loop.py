@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.divergence import margin as top2_margin
 from harness.engine import Engine
 from harness.errors import HarnessError
 from harness.proposers import Proposal
@@ -30,13 +31,6 @@ def check_fits(n_prompt: int, max_tokens: int, gamma_max: int, n_ctx: int) -> No
     if need > n_ctx:
         raise HarnessError(f"prompt ({n_prompt} tokens) + max tokens ({max_tokens}) + gamma ({gamma_max}) "
                            f"need {need} positions but n_ctx is {n_ctx}: raise --n-ctx or shorten the prompt")
-
-
-def _margin(row: np.ndarray) -> float:
-    """Top-1 minus top-2 logit: how close the target's choice was to a tie."""
-    a = int(np.argmax(row))
-    second = max(row[:a].max(initial=-np.inf), row[a + 1:].max(initial=-np.inf))
-    return float(row[a] - second)
 
 
 def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=0,
@@ -85,7 +79,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
             verdict = verify_stochastic(np.asarray(prop.tokens, dtype=np.int64), prop.q, p, rng)
         i0 = time.perf_counter()
         conf = [top_prob(row) for row in logits[:n_prop + 1]]
-        margin = _margin(logits[0]) if n_prop == 0 and mode == "baseline" and policy.greedy else None
+        margin = top2_margin(logits[0]) if n_prop == 0 and mode == "baseline" and policy.greedy else None
         instr = time.perf_counter() - i0
         k = raw_k = verdict.accepted
         rejected_at = k if k < n_prop else None

@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import polars as pl
 
-# Greedy outputs may part where the target's top two logits are nearly tied: llama.cpp's batched and
-# single-token kernels round differently. Below this top-1/top-2 logit margin a divergence is a "near-tie".
-NEAR_TIE_LOGITS = 0.1
+from harness.divergence import first_divergence
+
 CONF_BUCKETS = [0.5, 0.8, 0.95]
 CONF_LABELS = ["<0.5", "0.5-0.8", "0.8-0.95", ">=0.95"]
 
 
+def frame(records: list[dict], kind: str) -> pl.DataFrame:
+    rows = [r for r in records if r.get("type") == kind]
+    return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
+
+
 def frames(records: list[dict]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    steps = [r for r in records if r.get("type") == "step"]
-    gens = [r for r in records if r.get("type") == "generation"]
-    return (pl.DataFrame(steps, infer_schema_length=None) if steps else pl.DataFrame(),
-            pl.DataFrame(gens, infer_schema_length=None) if gens else pl.DataFrame())
+    """Step and generation records."""
+    return frame(records, "step"), frame(records, "generation")
 
 
 def safe_div(a: pl.Expr, b: pl.Expr) -> pl.Expr:
@@ -104,21 +106,14 @@ def by_confidence(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     ).sort([*by, "target_conf"])
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def classify(spec_tokens: list[int], base_tokens: list[int], base_margins: list[float]) -> dict:
-    """'equal', 'near-tie' (the baseline's margin at the divergence is below NEAR_TIE_LOGITS) or 'mismatch'."""
+def classify(spec_tokens: list[int], base_tokens: list[int], evidence: dict | None) -> dict:
+    """A greedy speculative output against plain greedy decoding: 'equal', or the kind the worker's kernel check
+    (harness.divergence) found at the first divergence; 'unchecked' where no check was recorded."""
     at = first_divergence(spec_tokens, base_tokens)
     if at is None:
         return {"equal": True, "diverged_at": None, "margin": None, "kind": "equal"}
-    margin = base_margins[at] if at < len(base_margins) else None
-    kind = "near-tie" if margin is not None and margin < NEAR_TIE_LOGITS else "mismatch"
-    return {"equal": False, "diverged_at": at, "margin": margin, "kind": kind}
+    ev = evidence if evidence and evidence.get("diverged_at") == at else {}
+    return {"equal": False, "diverged_at": at, "margin": ev.get("margin"), "kind": ev.get("kind", "unchecked")}
 
 
 def summary(records: list[dict]) -> dict:

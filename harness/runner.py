@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from harness import metrics
+from harness.divergence import kernel_check
 from harness.engine import EngineConfig
 from harness.errors import HarnessError
 from harness.loop import Request, check_fits, generate
@@ -44,19 +45,20 @@ def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamm
         raise HarnessError(f"--gamma must be >= 1, got {gamma}")
     if max_tokens < 1:
         raise HarnessError(f"--max-tokens must be >= 1, got {max_tokens}")
+    trace = TraceWriter(trace_path, keep=True)  # an unwritable trace path is refused before any weights load
     pair = open_pair(target, draft, cfg, draft_ngl, check_texts=[prompt])
     try:
         text = prompt.render(pair.target.vocab)
         tokens = pair.target.vocab.tokenize(text)
         check_fits(len(tokens), max_tokens, gamma if draft else 0, pair.target.n_ctx)
         req = Request(prompt.id, tokens, max_tokens, prompt.category)
-        common = {"target": pair.target_model.name, "draft": draft or "none", "policy": policy.label}
-        trace = TraceWriter(trace_path, keep=True, **common, mode="speculative" if draft else "baseline")
+        trace.common = {"target": pair.target_model.name, "draft": draft or "none", "policy": policy.label,
+                        "mode": "speculative" if draft else "baseline"}
         gen = generate(pair.target, req, policy, pair.proposer, gamma if draft else 0, trace)
-        trace.close()
+        spec_records = list(trace.records)
         color = sys.stdout.isatty()
         click.echo(render_marked(pair.target.vocab, gen["tokens"], gen["from_draft"], color))
-        s = metrics.summary(trace.records)
+        s = metrics.summary(spec_records)
         parts = []
         if draft:
             parts += [f"draft {draft} gamma {gamma}", f"proposed {s['proposed']}", f"accepted {s['accepted']}"]
@@ -66,21 +68,27 @@ def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamm
         parts += [f"tokens {s['tokens']}", f"{s['tokens_per_s']:.1f} tok/s", f"policy {policy.label}"]
         line = "  ".join(parts)
         if baseline and draft:
-            btrace = TraceWriter(trace_path, keep=True, **common, mode="baseline")
-            base = generate(pair.target, req, policy, None, 0, btrace)
-            btrace.close()
+            trace.common["mode"] = "baseline"
+            base = generate(pair.target, req, policy, None, 0, trace)
             line += f"  | baseline {base['tokens_per_s']:.1f} tok/s  speedup " \
-                    f"{gen['tokens_per_s'] / base['tokens_per_s']:.2f}x  outputs {_compare(gen, base, btrace, policy)}"
+                    f"{gen['tokens_per_s'] / base['tokens_per_s']:.2f}x  outputs " \
+                    f"{_compare(pair.target, req, gen, spec_records, base, policy)}"
         click.echo(line)
     finally:
+        trace.close()
         pair.close()
 
 
-def _compare(gen: dict, base: dict, btrace: TraceWriter, policy: Policy) -> str:
+def _compare(target, req: Request, gen: dict, spec_records: list[dict], base: dict, policy: Policy) -> str:
     if gen["tokens"] == base["tokens"]:
         return "equal"
     if not policy.greedy:
         return "differ (expected under sampling: equal in distribution, not token for token)"
-    margins = [r["margin"] for r in btrace.records if r.get("type") == "step"]
-    c = metrics.classify(gen["tokens"], base["tokens"], margins)
-    return f"differ at token {c['diverged_at']} ({c['kind']}, baseline top-2 margin {c['margin']})"
+    steps = [r for r in spec_records if r.get("type") == "step"]
+    found = kernel_check(target, req.tokens, gen["tokens"], [(r["proposed"], r["emitted"]) for r in steps],
+                         base["tokens"])
+    what = {"kernel near-tie": "a kernel near-tie: the target's argmax there differs between a single-token "
+                               "decode and the verification block",
+            "mismatch": "a MISMATCH: the target chooses the same token both ways there; please report it",
+            "unchecked": "unchecked"}[found["kind"]]
+    return f"differ at token {found['diverged_at']} ({what}; top-2 margin {found['margin']})"

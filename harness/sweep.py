@@ -67,10 +67,14 @@ def load_profile(name: str, path: Path | None = None) -> dict:
     return prof
 
 
+SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
+                "calibrate": bool, "paired": bool}
+
+
 def make_params(profile: dict, overrides: dict) -> Params:
     """Profile values, then command-line overrides (lists given as 'a,b,c' strings)."""
     p = Params()
-    for src in (profile, overrides):
+    for where, src in (("in the profile", profile), ("on the command line", overrides)):
         for k, v in src.items():
             if v is None:
                 continue
@@ -78,10 +82,31 @@ def make_params(profile: dict, overrides: dict) -> Params:
                 v = _as_list(k, v)
             elif k in ("categories", "prompts"):
                 v = [x for x in (v.split(",") if isinstance(v, str) else v) if x]
+                if not all(isinstance(x, str) for x in v):
+                    raise HarnessError(f"{k} must be a list of names, got {src[k]!r} ({where})")
+            elif not isinstance(v, SCALAR_TYPES[k]) or (SCALAR_TYPES[k] is int and isinstance(v, bool)):
+                want = "true or false" if SCALAR_TYPES[k] is bool else "an integer"
+                raise HarnessError(f"{k} must be {want}, got {v!r} ({where})")
             setattr(p, k, v)
     if not p.target:
         raise HarnessError("no target: give --target or a --profile")
+    check(p)
     return p
+
+
+def check(p: Params) -> None:
+    """Values that cannot run, refused in one line before anything starts."""
+    for what, ok in (("--repeat must be >= 1", p.repeat >= 1), ("--max-tokens must be >= 0 (0 = each prompt's own)",
+                     p.max_tokens >= 0), ("--per-category must be >= 0 (0 = every prompt)", p.per_category >= 0)):
+        if not ok:
+            raise HarnessError(what)
+    for key in ("threads", "ngl", "ngl_draft"):
+        bad = [v for v in getattr(p, key) if v < 0]
+        if bad:
+            raise HarnessError(f"--{key.replace('_', '-')} values must be >= 0, got {bad[0]}")
+    from harness.engine import MIN_CTX
+    if p.n_ctx < MIN_CTX:
+        raise HarnessError(f"--n-ctx must be at least {MIN_CTX}, got {p.n_ctx}")
 
 
 def _as_list(key: str, v) -> list:
@@ -178,11 +203,23 @@ def write_plan(run_dir: Path, plan: dict) -> None:
     (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
 
 
+PLAN_KEYS = ("params", "instances", "prompt_ids", "categories")
+
+
 def read_plan(run_dir: Path) -> dict:
     f = run_dir / "plan.json"
     if not f.exists():
         raise HarnessError(f"{run_dir} is not a benchmark run directory (no plan.json)")
-    return json.loads(f.read_text())
+    try:
+        plan = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HarnessError(f"{f} is damaged ({getattr(e, 'msg', e)}): the run's plan cannot be read; its traces "
+                           "are still in the directory, but resuming or reporting it needs the plan") from None
+    missing = [k for k in PLAN_KEYS if not isinstance(plan, dict) or k not in plan]
+    if missing:
+        raise HarnessError(f"{f} lacks {', '.join(missing)}: it was not written by `harness bench` or was cut "
+                           "short; the run cannot be resumed or reported")
+    return plan
 
 
 def record_result(run_dir: Path, record: dict) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.errors import HarnessError
+
 
 class TraceWriter:
     """Appends records to a JSONL file (flushed per record, so a kill loses at most one line);
@@ -13,7 +15,12 @@ class TraceWriter:
         self.path = path
         self.common = common
         self.records: list[dict] | None = [] if keep else None
-        self._f = open(path, "a", encoding="utf-8") if path else None
+        self._f = None
+        if path:
+            try:
+                self._f = open(path, "a", encoding="utf-8")
+            except OSError as e:
+                raise HarnessError(f"cannot write the trace file {path}: {e.strerror}") from None
 
     def write(self, record: dict) -> None:
         rec = self.common | record

@@ -42,6 +42,10 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
             requests.append((pr, Request(pr.id, toks, mt, pr.category)))
         warm_up(pair, requests[0][1].tokens, inst.gamma)
         controllers = {}
+        # greedy speculative outputs are checked against plain greedy decoding: the paired twin, or else the
+        # baseline configuration's trace when it ran earlier in the sweep
+        check = inst.policy["temperature"] == 0 and not inst.baseline
+        plain_ref = plain_outputs(run_dir, inst) if check and "baseline" not in files else {}
         n = 0
         for rep in range(repeat):
             pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
@@ -54,11 +58,18 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
                     gamma = controllers[pr.category]
                 modes = list(files) if n % 2 == 0 else list(reversed(files))
                 n += 1
+                traces = {}
                 for mode in modes:
-                    tw = TraceWriter(files[mode], config=inst.id, mode=mode, category=pr.category,
-                                     prompt_id=pr.id, repeat=rep)
+                    traces[mode] = tw = TraceWriter(files[mode], keep=check, config=inst.id, mode=mode,
+                                                    category=pr.category, prompt_id=pr.id, repeat=rep)
                     spec = mode == "speculative"
                     generate(pair.target, req, pol, pair.proposer if spec else None, gamma if spec else 0, tw, mode)
+                if check:
+                    plain = traces["baseline"].records[-1]["tokens"] if "baseline" in traces \
+                        else plain_ref.get((pr.id, rep))
+                    if plain is not None:
+                        record_divergence(pair.target, req.tokens, traces["speculative"], plain)
+                for tw in traces.values():
                     tw.close()
         kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
         return {"status": "ok", "kv_bytes": kv, "target_bytes": pair.target.path.stat().st_size,
@@ -68,6 +79,28 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
                 "wall_s": time.perf_counter() - t0}
     finally:
         pair.close()
+
+
+def plain_outputs(run_dir: Path, inst: Instance) -> dict[tuple[str, int], list[int]]:
+    """(prompt id, repeat) -> tokens of the plain baseline configuration of inst's target, offload, threads and
+    policy, when it has finished in this run."""
+    from harness.trace import read_records
+    base = Instance(inst.target, "none", 0, inst.policy, inst.ngl, 0, inst.threads)
+    f = run_dir / "traces" / f"{base.id}.jsonl"
+    if finished(run_dir).get(base.id, {}).get("status") != "ok" or not f.exists():
+        return {}
+    return {(r["prompt_id"], r["repeat"]): r["tokens"] for r in read_records(f) if r.get("type") == "generation"}
+
+
+def record_divergence(target, prompt: list[int], spec_trace, plain: list[int]) -> None:
+    """Where a greedy speculative output left plain decoding, re-evaluate the target there both ways (harness.
+    divergence) and append what was found to the speculative trace."""
+    from harness.divergence import kernel_check
+    steps = [r for r in spec_trace.records if r["type"] == "step"]
+    gen = spec_trace.records[-1]
+    found = kernel_check(target, prompt, gen["tokens"], [(s["proposed"], s["emitted"]) for s in steps], plain)
+    if found is not None:
+        spec_trace.write({"type": "divergence", **found})
 
 
 def warm_up(pair, tokens: list[int], gamma: int) -> None:

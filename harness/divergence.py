@@ -1,0 +1,76 @@
+"""Why a greedy speculative output left plain greedy decoding: evidence, not a fixed logit margin.
+
+llama.cpp evaluates a verification block (several tokens in one batch) with other kernels than a single-token
+decode, and the two round differently; where the target's top two logits are close, its argmax can differ
+between them. At the first divergence the target is re-evaluated both ways, each path replayed exactly as the
+loop ran it (the plain one token at a time; the speculative one in blocks of the sizes its steps used, the
+block holding that position last): if the two argmaxes differ, the kernels explain the divergence (a kernel
+near-tie); if they agree, the speculative output holds a token the target does not choose (a mismatch: a bug
+to investigate)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where a and b differ, or where the shorter one ended; None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def margin(row: np.ndarray) -> float:
+    """Top-1 minus top-2 logit: how close the target's choice was to a tie."""
+    a = int(np.argmax(row))
+    second = max(row[:a].max(initial=-np.inf), row[a + 1:].max(initial=-np.inf))
+    return float(row[a] - second)
+
+
+def _plain_row(engine, prompt: list[int], out: list[int], at: int) -> np.ndarray:
+    """The target's logits for output position `at`, decoded one token at a time as plain decoding does."""
+    engine.reset()
+    engine.decode(prompt[:-1], logits="none")
+    ctx = [prompt[-1], *out[:at]]
+    for t in ctx[:-1]:
+        engine.decode([t], logits="all")
+    return np.array(engine.decode([ctx[-1]], logits="all")[0])
+
+
+def _block_row(engine, prompt: list[int], out: list[int], blocks: list[tuple[int, int]], at: int):
+    """The same position inside the verification block that covered it: every earlier step replayed with its
+    block size (rows after the kept ones change nothing before them: attention is causal, and only the batch
+    size picks the kernel). Returns (logits row, block length), or None when the steps do not reach `at`."""
+    engine.reset()
+    engine.decode(prompt[:-1], logits="none")
+    pos = 0
+    for i, (proposed, emitted) in enumerate(blocks):
+        fill = out[pos:pos + proposed]
+        fill = fill + [fill[-1] if fill else prompt[-1]] * (proposed - len(fill))
+        ctx_last = prompt[-1] if pos == 0 else out[pos - 1]
+        logits = engine.decode([ctx_last, *fill], logits="all")
+        # a step covers the positions it emitted; the last one also the end-of-generation token it chose
+        if pos <= at < pos + emitted + (i == len(blocks) - 1):
+            return np.array(logits[at - pos]), proposed + 1
+        pos += emitted
+        engine.trim(len(prompt) + pos - 1)
+    return None
+
+
+def kernel_check(engine, prompt: list[int], spec_out: list[int], blocks: list[tuple[int, int]],
+                 plain_out: list[int]) -> dict | None:
+    """Classify the first divergence of a greedy speculative output (spec_out, produced in steps of
+    (proposed, emitted) tokens) from plain greedy decoding (plain_out) of the same prompt on this engine's
+    model. None when the outputs are equal."""
+    at = first_divergence(spec_out, plain_out)
+    if at is None:
+        return None
+    plain = _plain_row(engine, prompt, plain_out, at)
+    found = _block_row(engine, prompt, spec_out, blocks, at)
+    engine.reset()
+    rec = {"diverged_at": at, "margin": round(margin(plain), 5), "plain_argmax": int(np.argmax(plain))}
+    if found is None:
+        return rec | {"kind": "unchecked", "why": "the speculative steps do not reach the divergence"}
+    row, block_len = found
+    rec |= {"block_argmax": int(np.argmax(row)), "block_len": block_len}
+    return rec | {"kind": "kernel near-tie" if rec["block_argmax"] != rec["plain_argmax"] else "mismatch"}

@@ -1,0 +1,75 @@
+"""Scripted stand-ins for a llama.cpp target and a proposer: exact control over what each says, no model."""
+import numpy as np
+
+from harness.proposers import Proposal
+from harness.sampling import Dist
+
+EOS, V = 0, 16
+
+
+class FakeVocab:
+    def is_eog(self, t):
+        return t == EOS
+
+    def detokenize(self, toks):
+        return " ".join(map(str, toks))
+
+
+class FakeEngine:
+    """A greedy target: its choice at output position i is script[i]. `batched`, when given, maps a position to
+    what it chooses there when that position is evaluated inside a block of more than one token (llama.cpp's
+    batched kernels), with the top-2 logit margin `margin`: a kernel near-tie."""
+
+    def __init__(self, prompt_len, script, batched=None, margin=0.119):
+        self.prompt_len, self.script, self.batched, self.margin = prompt_len, script, batched or {}, margin
+        self.vocab, self.ctx = FakeVocab(), []
+
+    @property
+    def n_past(self):
+        return len(self.ctx)
+
+    def reset(self):
+        self.ctx = []
+
+    def perf_reset(self):
+        pass
+
+    def perf(self):
+        return {"eval_ms": 0.0, "n_eval": 0}
+
+    def decode(self, tokens, logits="last"):
+        self.ctx += list(tokens)
+        if logits == "none":
+            return None
+        rows = range(len(self.ctx) - len(tokens), len(self.ctx)) if logits == "all" else [len(self.ctx) - 1]
+        out = np.full((len(rows), V), -10.0, dtype=np.float32)
+        for i, r in enumerate(rows):
+            pos = r + 1 - self.prompt_len
+            single = self.script[pos]
+            chosen = self.batched.get(pos, single) if len(tokens) > 1 else single
+            out[i, single] = 10.0 if chosen == single else 10.0 - self.margin
+            out[i, chosen] = 10.0
+            if chosen == single:
+                out[i, (single + 1) % V] = 10.0 - self.margin  # the runner-up, near either way
+        return out
+
+    def trim(self, n):
+        del self.ctx[n:]
+
+
+class ScriptedProposer:
+    """Proposes tokens[pos:pos + n] at output position pos."""
+
+    def __init__(self, prompt_len, tokens):
+        self.prompt_len, self.tokens = prompt_len, tokens
+
+    def prefill(self, prompt, policy):
+        pass
+
+    def propose(self, context, n):
+        pos = len(context) - self.prompt_len
+        toks = self.tokens[pos:pos + n]
+        return Proposal(toks, [Dist.point(t) for t in toks])
+
+    def accepted(self, context, n):
+        pass
