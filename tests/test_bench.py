@@ -166,6 +166,10 @@ def test_resume_runs_only_what_is_missing(smoke_run):
     (["--target", "smollm2-135m-instruct-q4_1", "--draft", "gemma-3-270m-q4_k_m"], []),
     (["--resume", "/tmp"], ["not a benchmark run"]),
     (["--target", ""], ["no target"]),
+    (["--target", "smollm2-135m-instruct-q4_1", "--per-category", "-1"], ["--per-category", ">= 0"]),
+    (["--target", "smollm2-135m-instruct-q4_1", "--threads", "2,-1"], ["--threads", ">= 0"]),
+    (["--target", "smollm2-135m-instruct-q4_1", "--n-ctx", "32"], ["--n-ctx", "64"]),
+    (["--target", "smollm2-135m-instruct-q4_1", "--per-category", "x"], ["--per-category", "not a valid integer"]),
 ])
 def test_bad_bench_input_is_one_line(args, words, tmp_path):
     if "gemma-3-270m-q4_k_m" in args and not (ROOT / "models" / "gemma-3-270m-q4_k_m.gguf").exists():
@@ -258,3 +262,32 @@ def test_committed_reference_runs_match_their_traces(run):
     """The README's figures come from these runs: their reports must be what the traces give."""
     r = harness("report", str(Path("reports") / "runs" / run), "--check")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"instances": [', ["plan.json", "damaged"]),
+    ("{}", ["plan.json", "lacks", "instances"]),
+])
+def test_damaged_plan_is_one_line_for_resume_and_report(tmp_path, content, words):
+    run = tmp_path / "runs" / "r1"
+    (run / "traces").mkdir(parents=True)
+    (run / "plan.json").write_text(content)
+    one_line_error(harness("bench", "--resume", str(run)), *words)
+    one_line_error(harness("report", str(run)), *words)
+    one_line_error(harness("report", str(run), "--check"), *words)
+
+
+def test_report_check_on_a_directory_that_is_not_a_run(tmp_path):
+    one_line_error(harness("report", str(tmp_path), "--check"), "not a benchmark run directory")
+
+
+@pytest.mark.parametrize("line, words", [
+    ('per_category = "two"', ["per_category", "an integer", "'two'", "profile"]),
+    ('max_tokens = "x"', ["max_tokens", "an integer", "'x'"]),
+    ('paired = "yes"', ["paired", "true or false"]),
+])
+def test_profile_values_of_the_wrong_type_are_one_line(tmp_path, line, words):
+    prof = tmp_path / "profiles.toml"
+    prof.write_text(f'[profiles.p]\ntarget = ["smollm2-135m-instruct-q4_1"]\n{line}\n')
+    one_line_error(harness("bench", "--profile", "p", "--out", str(tmp_path / "runs"),
+                           env={"HARNESS_PROFILES": str(prof)}), *words)

@@ -144,3 +144,23 @@ def test_fetch_derive_cycle(run, tmp_path):
 def test_missing_catalog(run, tmp_path):
     (tmp_path / "models.toml").unlink()
     assert_one_line_error(run("models", "list"), "not found")
+
+
+def test_info_on_a_missing_path_model_names_the_catalog_path_not_fetch(run, tmp_path):
+    (tmp_path / "tiny.gguf").unlink()
+    line = assert_one_line_error(run("models", "info", "mine"), "source.path", "models.toml")
+    assert "fetch" not in line
+
+
+@pytest.mark.parametrize("cut", [100, 5000])
+def test_verify_refuses_a_truncated_path_model_without_sha256(run, tmp_path, cut):
+    """No expected sha256: the file must at least parse as GGUF with its tensor data inside it."""
+    data = tiny_gguf_bytes()
+    (tmp_path / "tiny.gguf").write_bytes(data[:-cut])
+    r = run("models", "verify", "mine")
+    row = table(r.stdout)["mine"]
+    assert row["ok"] == "NO" and ("truncated" in row["detail"] or "not a readable GGUF" in row["detail"])
+    assert_one_line_error(r, "verification failed")
+    (tmp_path / "tiny.gguf").write_bytes(data)
+    r = run("models", "verify", "mine")
+    assert r.returncode == 0 and table(r.stdout)["mine"]["ok"] == "yes"

@@ -40,6 +40,12 @@ def test_run_ngram_sampled(smol):
     (["--ngl", "99"], ["GPU", "CMAKE_ARGS"]),
     (["--draft", D, "--ngl-draft", "5"], ["GPU"]),
     (["--n-ctx", "256", "--max-tokens", "250"], ["n_ctx"]),
+    (["--n-ctx", "128", "--max-tokens", "120"], ["n_ctx is 128"]),  # llama.cpp pads to 256: not what to report
+    (["--n-ctx", "0"], ["--n-ctx", "64"]),
+    (["--n-ctx", "-1"], ["--n-ctx", "64"]),
+    (["--threads", "-1"], ["--threads", ">= 0"]),
+    (["--bogus"], ["--bogus", "--help"]),  # a click usage error, in one line
+    (["--max-tokens"], ["--max-tokens", "requires an argument"]),
     (["--draft", "gemma-3-270m-q4_k_m"], ["not aligned"]),
     (["--draft", "ngram:0"], ["n-gram size"]),
 ])
@@ -84,3 +90,9 @@ def test_misaligned_pair_is_refused_before_loading(smol, tiny_set, tmp_path):
                 "--per-category", "1", "--out", str(tmp_path / "runs"))
     one_line_error(r, "not aligned")
     assert r.returncode == 2 and not (tmp_path / "runs").exists()
+
+
+def test_run_trace_under_a_regular_file_is_one_line(smol, tmp_path):
+    f = tmp_path / "FILE"
+    f.write_text("x")
+    one_line_error(harness("run", T, "--prompt", "hi", "--trace", str(f / "t.jsonl")), "cannot write the trace file")

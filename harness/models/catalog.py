@@ -170,7 +170,9 @@ def resolve(ref: str, catalog: dict[str, Model] | None = None) -> Model:
 
 def require_present(m: Model) -> Path:
     if not m.path.exists():
-        hint = f"run `harness models fetch {m.name}`" if m.kind != "file" else "check the path"
+        hint = {"file": "check the path",
+                "path": f"it is your own file: fix source.path of '{m.name}' in {catalog_path()}"}.get(
+            m.kind, f"run `harness models fetch {m.name}`")
         raise HarnessError(f"model '{m.name}' is not present at {m.path}: {hint}")
     check_gguf_file(m.path)
     return m.path

@@ -5,7 +5,7 @@ import json
 
 from harness.errors import HarnessError
 from harness.models import fetch as fetch_mod
-from harness.models.catalog import Model, load_catalog, resolve
+from harness.models.catalog import Model, load_catalog, require_present, resolve
 from harness.models.meta import read_info
 from harness.models.store import read_sidecar, recorded_sha
 
@@ -66,8 +66,7 @@ def verify_models(names: list[str]) -> tuple[list[dict], bool]:
 
 def info_text(ref: str, as_json: bool) -> str:
     m = resolve(ref)
-    if m.kind != "file" and not m.path.exists():
-        raise HarnessError(f"model '{m.name}' is not present at {m.path}: run `harness models fetch {m.name}`")
+    require_present(m)
     info = read_info(m.path)
     side = read_sidecar(m.path)
     if side.get("derived_from"):

@@ -19,7 +19,8 @@ def _array_len(reader, key: str) -> int | None:
     return None if f is None else len(f.data)
 
 
-def read_info(path: Path) -> dict:
+def _reader(path: Path):
+    """gguf's reader over a file that parses and whose tensor data all lie inside it."""
     import gguf
     check_gguf_file(path)
     try:
@@ -27,6 +28,21 @@ def read_info(path: Path) -> dict:
     except Exception as e:  # the reader raises ValueError/struct.error/IndexError on damaged files
         raise HarnessError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); "
                            "it may be truncated") from None
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in r.tensors), default=0)
+    size = path.stat().st_size
+    if end > size:
+        raise HarnessError(f"{path} is truncated: its tensors need {end} bytes, the file has {size}")
+    return r
+
+
+def check_structure(path: Path) -> None:
+    """Refuse a file that does not parse as GGUF or whose tensor data run past its end."""
+    _reader(path)
+
+
+def read_info(path: Path) -> dict:
+    import gguf
+    r = _reader(path)
     arch = _value(r, "general.architecture")
     ftype = _value(r, "general.file_type")
     try:
