@@ -142,7 +142,8 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--repeat", type=int)
 @click.option("--seed", type=int)
 @click.option("--n-ctx", type=int)
-@click.option("--out", default="reports/runs", show_default=True, help="Where run directories go.")
+@click.option("--out", default="reports", show_default=True,
+              help="The reports directory: Markdown reports land here, run directories in its runs/.")
 @click.option("--resume", "resume", type=click.Path(file_okay=False), help="Run only what RUN_DIR is missing.")
 @click.option("--skip-unsupported", is_flag=True, help="Record GPU configurations as skipped on a CPU-only build.")
 @click.option("--calibrate", is_flag=True, default=None,
@@ -155,8 +156,8 @@ def bench(profile, out, resume, skip_unsupported, **opts):
     from pathlib import Path
 
     from harness import prompts as prompts_mod
-    from harness.bench import command_line, run_bench
-    from harness.sweep import Params, load_profile, make_params
+    from harness.bench.run import command_line, run_bench
+    from harness.plan import Params, load_profile, make_params
     if resume:
         if not Path(resume).is_dir():
             raise HarnessError(f"--resume {resume}: no such run directory")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from harness import metrics
+from harness.analysis import metrics
 from harness.divergence import kernel_check
 from harness.engine import EngineConfig
 from harness.errors import HarnessError

@@ -27,10 +27,10 @@ def one_line_error(r, *words):
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory, smol, smol_q2k):
-    out = tmp_path_factory.mktemp("reports") / "runs"
+    out = tmp_path_factory.mktemp("reports")
     r = harness("bench", "--profile", "smoke", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    runs = [p for p in out.iterdir() if p.is_dir() and not p.is_symlink()]
+    runs = [p for p in (out / "runs").iterdir() if p.is_dir() and not p.is_symlink()]
     assert len(runs) == 1
     return runs[0]
 
@@ -50,7 +50,7 @@ def test_smoke_report_structure(smoke_run):
         assert heading in md
     assert "CPU only" in md and "requantized from smollm2-135m-instruct-q4_1" in md
     assert "| greedy" in md and "T=0.8 top_p=0.9" in md  # every table states the policy
-    assert str(smoke_run / "traces") in md
+    assert f"`runs/{smoke_run.name}/traces`" in md  # relative to the report: the same however the path was typed
     results = [json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()]
     assert len(results) == 10 and all(r["status"] == "ok" for r in results)
     assert all(r["peak_rss_bytes"] > 50 * 2**20 for r in results)
@@ -136,6 +136,26 @@ def test_report_check_fails_when_the_report_disagrees(smoke_run, tmp_path):
         md.write_text(text)
 
 
+def test_report_check_neither_redraws_plots_nor_depends_on_how_the_path_is_typed(smoke_run):
+    pngs = {p: p.stat().st_mtime_ns for p in (smoke_run / "plots").glob("*.png")}
+    assert pngs, "the smoke run draws its plots (the dev extra has matplotlib)"
+    for args, cwd in (([str(smoke_run.resolve())], ROOT), ([smoke_run.name], smoke_run.parent),
+                      ([f"./{smoke_run.name}/"], smoke_run.parent)):
+        r = harness("report", *args, "--check", cwd=cwd)
+        assert r.returncode == 0 and "matches" in r.stdout, r.stdout + r.stderr
+    assert {p: p.stat().st_mtime_ns for p in pngs} == pngs
+
+
+def test_reports_land_inside_the_out_directory(tmp_path, smol):
+    out = tmp_path / "results" / "runA"
+    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "ngram:2", "--gamma", "2",
+                "--categories", "code", "--per-category", "1", "--max-tokens", "4", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
+    assert (out / f"{run.name}.md").exists() and (out / "latest.md").exists()
+    assert not list((tmp_path / "results").glob("*.md"))
+
+
 def test_report_exports(smoke_run):
     r = harness("report", str(smoke_run), "--format", "md,csv,json,parquet")
     assert r.returncode == 0, r.stderr
@@ -212,7 +232,7 @@ def test_gamma_auto_needs_a_calibration(tmp_path, smol, smol_q2k):
                 "--gamma", "auto:2", "--categories", "code", "--per-category", "1", "--max-tokens", "4",
                 "--out", str(tmp_path / "runs"), cwd=tmp_path, env=isolated_env(tmp_path))
     one_line_error(r, "harness calibrate", "--calibrate")
-    assert not any((tmp_path / "runs").glob("2*")), "a refused run leaves no run directory"
+    assert not any((tmp_path / "runs").glob("runs/2*")), "a refused run leaves no run directory"
 
 
 def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k):
@@ -222,7 +242,7 @@ def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k)
     assert "vs k=1" in r.stdout and (tmp_path / "reports/calibration").is_dir()
     r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "smollm2-135m-instruct-q2_k",
                 "--gamma", "1,auto:2", "--categories", "code", "--per-category", "1", "--max-tokens", "12",
-                "--calibrate", "--out", str(tmp_path / "reports/runs"), cwd=tmp_path, env=env)
+                "--calibrate", "--out", str(tmp_path / "reports"), cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "reports/latest.md").read_text()
     assert "## Cost model" in md and "auto<=2" in md and "Recommended gamma" in md
@@ -245,16 +265,16 @@ def test_ctrl_c_keeps_what_finished(tmp_path, smol):
                           "--out", str(out)], cwd=ROOT, env=os.environ | {"CI": "true"}, stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not any(out.glob("*/results.jsonl")):
+    while time.time() < deadline and not any(out.glob("runs/*/results.jsonl")):
         time.sleep(0.2)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
-    run = next(d for d in out.iterdir() if not d.is_symlink())
+    run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
     done = (run / "results.jsonl").read_text().splitlines()
     assert 1 <= len(done) < 4
-    assert (out.parent / f"{run.name}.md").exists()
+    assert (out / f"{run.name}.md").exists()
 
 
 @pytest.mark.parametrize("run", sorted(p.name for p in (ROOT / "reports" / "runs").glob("2*") if p.is_dir()))

@@ -4,7 +4,7 @@ import pytest
 
 from harness.costmodel import AdaptiveGamma, Costs, best_gamma, expected_tokens, predicted_speedup
 from harness.errors import HarnessError
-from harness.verdict import break_even_rate, decide
+from harness.analysis.verdict import break_even_rate, decide
 
 
 def test_expected_tokens_known_values():

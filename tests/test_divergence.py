@@ -3,7 +3,7 @@ verification block, on a scripted engine whose batched kernel picks another toke
 import numpy as np
 import pytest
 
-from harness import metrics
+from harness.analysis import metrics
 from harness.divergence import first_divergence, kernel_check, margin
 from harness.loop import Request, generate
 from harness.sampling import Policy

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from harness import metrics
+from harness.analysis import metrics
 from harness.divergence import kernel_check
 from harness.engine import Engine, EngineConfig
 from harness.errors import HarnessError

@@ -3,7 +3,7 @@ import statistics
 import polars as pl
 import pytest
 
-from harness import metrics
+from harness.analysis import metrics
 
 
 def test_three_acceptance_figures_from_steps_and_alpha_only_where_verification_reached():

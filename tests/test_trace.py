@@ -1,7 +1,7 @@
 """JSONL records: a half-written line left by a kill never swallows the next record, and is repaired away."""
 import json
 
-from harness.sweep import finished, record_result, repair_results
+from harness.rundir import finished, record_result, repair_results
 from harness.trace import append_record, read_records, repair
 
 

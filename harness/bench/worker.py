@@ -9,7 +9,8 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.procs import death, run_isolated
-from harness.sweep import PAIRED_DIR, Instance, finished, record_result
+from harness.plan import Instance
+from harness.rundir import PAIRED_DIR, finished, record_result
 
 
 def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path,

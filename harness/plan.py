@@ -1,13 +1,11 @@
-"""A benchmark plan: one parameter set expanded into instances (llama-bench style), run each in its own
-worker process, results appended as they finish, resumable."""
+"""A benchmark plan: one parameter set (a profile, then the command line) expanded into instances, llama-bench
+style: the product of every list."""
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
 import os
-import socket
-import time
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,9 +16,6 @@ from harness.sampling import Policy
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired")
-# Side runs kept apart from run_dir/traces, each with its own traces/ and results.jsonl:
-DRIFT_DIR = "drift"    # the plain baselines run again at the end of a sweep
-PAIRED_DIR = "paired"  # plain decoding interleaved with each speculative configuration, in its worker
 
 
 def profiles_file() -> Path:
@@ -178,69 +173,4 @@ def expand(p: Params) -> list[Instance]:
     out = list({i.id: i for i in out}.values())
     if not out:
         raise HarnessError("the sweep expands to no configuration")
-    return out
-
-
-def new_run_dir(root: Path) -> Path:
-    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname().split('.')[0]}"
-    d = root / name
-    try:
-        d.mkdir(parents=True, exist_ok=False)
-        (d / "traces").mkdir()
-    except OSError as e:
-        raise HarnessError(f"cannot create the run directory {d}: {e.strerror}; choose a writable --out") from None
-    latest = root / "latest"
-    try:
-        if latest.is_symlink() or latest.exists():
-            latest.unlink()
-        latest.symlink_to(name)
-    except OSError:
-        pass  # a convenience link only
-    return d
-
-
-def write_plan(run_dir: Path, plan: dict) -> None:
-    (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
-
-
-PLAN_KEYS = ("params", "instances", "prompt_ids", "categories")
-
-
-def read_plan(run_dir: Path) -> dict:
-    f = run_dir / "plan.json"
-    if not f.exists():
-        raise HarnessError(f"{run_dir} is not a benchmark run directory (no plan.json)")
-    try:
-        plan = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HarnessError(f"{f} is damaged ({getattr(e, 'msg', e)}): the run's plan cannot be read; its traces "
-                           "are still in the directory, but resuming or reporting it needs the plan") from None
-    missing = [k for k in PLAN_KEYS if not isinstance(plan, dict) or k not in plan]
-    if missing:
-        raise HarnessError(f"{f} lacks {', '.join(missing)}: it was not written by `harness bench` or was cut "
-                           "short; the run cannot be resumed or reported")
-    return plan
-
-
-def record_result(run_dir: Path, record: dict) -> None:
-    """Append one configuration's result line to results.jsonl (what finished() reads back)."""
-    from harness.trace import append_record
-    append_record(run_dir / "results.jsonl", record)
-
-
-def repair_results(run_dir: Path) -> None:
-    """Drop half-written last lines of the run's results files (its own and the drift check's)."""
-    from harness.trace import repair
-    for d in (run_dir, run_dir / DRIFT_DIR):
-        repair(d / "results.jsonl")
-
-
-def finished(run_dir: Path) -> dict[str, dict]:
-    """Results recorded so far, by instance id (the last record wins)."""
-    out = {}
-    f = run_dir / "results.jsonl"
-    if f.exists():
-        from harness.trace import read_records
-        for r in read_records(f):
-            out[r["config"]] = r
     return out

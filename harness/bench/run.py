@@ -11,8 +11,9 @@ from pathlib import Path
 import click
 
 from harness.errors import HarnessError
-from harness.sweep import (DRIFT_DIR, Instance, Params, expand, finished, new_run_dir, read_plan, record_result,
-                           repair_results, write_plan)
+from harness.plan import Instance, Params, expand
+from harness.rundir import (DRIFT_DIR, RUNS_DIR, finished, new_run_dir, read_plan, record_result, repair_results,
+                            write_plan)
 
 
 def _preflight(instances: list[Instance], prompts: list, skip_unsupported: bool) -> dict[str, str]:
@@ -122,7 +123,7 @@ def estimate_s(instances: list[Instance], prompts: list, max_tokens: int, repeat
 
 def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
               command: str) -> Path:
-    from harness.report import models_info, write_reports
+    from harness.report import write_reports
 
     if resume:
         plan = read_plan(resume)
@@ -138,7 +139,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
         instances = expand(params)
     skipped = _preflight(instances, prompts, skip_unsupported)
     if not resume:
-        run_dir = new_run_dir(out_root)
+        run_dir = new_run_dir(out_root / RUNS_DIR)
         from harness import sysinfo
         write_plan(run_dir, {"command": command, "params": asdict(params), "instances": [asdict(i) for i in instances],
                              "prompt_ids": [p.id for p in prompts], "categories": sorted({p.category for p in prompts}),
@@ -178,7 +179,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
 
 
 def _run_all(todo: list[Instance], prompts: list, params: Params, run_dir: Path) -> None:
-    from harness.worker import run_in_worker
+    from harness.bench.worker import run_in_worker
     tty = sys.stderr.isatty()
     bar = click.progressbar(todo, label="configurations", file=sys.stderr, show_eta=True,
                             item_show_func=lambda i: i and f"{i.draft} g{i.gamma_label}") if tty else None
@@ -199,7 +200,7 @@ def _run_all(todo: list[Instance], prompts: list, params: Params, run_dir: Path)
 def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path) -> None:
     """The plain baselines once more, after everything else: how far the machine's speed drifted while the
     sweep ran, which is the noise band of every speedup in the report. Kept apart in run_dir/drift."""
-    from harness.worker import run_in_worker
+    from harness.bench.worker import run_in_worker
     base = [i for i in instances if i.baseline and i.id not in skipped]
     if not base or len(base) == len(instances):
         return
@@ -210,6 +211,26 @@ def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, 
         if done.get(i.id, {}).get("status") != "ok":
             click.echo(f"drift check: {i.target} baseline {json.dumps(i.policy)} again", err=True)
             run_in_worker(i, prompts, params.max_tokens, params.repeat, params.n_ctx, d)
+
+
+def models_info(names: set[str]) -> dict[str, dict]:
+    """What the report header says of each model, recorded in plan.json when the run starts, so a report
+    never depends on the model files still being there."""
+    from harness.models.catalog import resolve
+    from harness.models.store import read_sidecar
+    from harness.pair import parse_ngram
+    out = {}
+    for n in sorted(names - {"none"}):
+        if parse_ngram(n) is not None:
+            out[n] = {"quant": "", "bytes": 0, "sha256": "", "note": "n-gram lookup (no model)"}
+            continue
+        m = resolve(n)
+        side = read_sidecar(m.path)
+        note = f"requantized from {side.get('derived_from', m.derive_from)} (never better than its source)" \
+            if m.requantized else ""
+        out[n] = {"quant": m.quant or side.get("info", {}).get("quant", ""), "bytes": m.path.stat().st_size,
+                  "sha256": side.get("sha256") or m.sha256 or "", "note": note}
+    return out
 
 
 def command_line() -> str:

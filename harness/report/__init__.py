@@ -1,0 +1,80 @@
+"""Reports from a run directory's traces: Markdown, CSV, JSON, Parquet; and --check, which recomputes every
+figure from the traces and compares it with the written report."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from harness.errors import HarnessError
+from harness.report.render import render_markdown
+from harness.report.tables import compute
+from harness.rundir import RUNS_DIR, read_plan, repair_results
+
+
+def reports_root(run_dir: Path) -> Path:
+    """Where a run's Markdown report goes: the reports directory above runs/ (bench --out), or, for a run
+    directory copied elsewhere, the directory holding it."""
+    run_dir = run_dir.resolve()
+    return run_dir.parent.parent if run_dir.parent.name == RUNS_DIR else run_dir.parent
+
+
+def draw_plots(run_dir: Path, data: dict[str, pl.DataFrame]) -> None:
+    from harness import plots
+    sweep = data.get("sweep")
+    if not plots.available() or sweep is None or not len(sweep):
+        return
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    plots.gamma_curves(sweep, out)
+    cm = data.get("cost_model")
+    points = [] if cm is None else [(r["predicted"], r["speedup"], r["category"]) for r in cm.iter_rows(named=True)
+                                    if r["predicted"] is not None and r["speedup"]]
+    plots.predicted_vs_measured(points, out)
+    plots.calibration(run_dir, out)
+
+
+def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> Path:
+    repair_results(run_dir)
+    data = compute(run_dir)
+    root = reports_root(run_dir)
+    md = root / f"{run_dir.name}.md"
+    if "md" in formats:
+        draw_plots(run_dir, data)
+        md_text = render_markdown(run_dir, data, root)
+        md.write_text(md_text)
+        (root / "latest.md").write_text(md_text)
+    for fmt in formats:
+        if fmt != "md":
+            export(data, run_dir, fmt)
+    return md
+
+
+def export(data: dict[str, pl.DataFrame], run_dir: Path, fmt: str) -> Path:
+    sweep = data.get("sweep", pl.DataFrame())
+    flat = sweep.select([c for c in sweep.columns if sweep[c].dtype != pl.List(pl.Int64)]) if len(sweep) else sweep
+    path = run_dir / f"metrics.{fmt}"
+    if fmt == "csv":
+        flat.write_csv(path)
+    elif fmt == "json":
+        path.write_text(json.dumps(flat.to_dicts(), indent=1, default=str))
+    elif fmt == "parquet":
+        flat.write_parquet(path)
+    else:
+        raise HarnessError(f"unknown report format '{fmt}' (md, csv, json, parquet)")
+    return path
+
+
+def check(run_dir: Path) -> list[str]:
+    """Differences between the written Markdown report and one recomputed from the traces now."""
+    read_plan(run_dir)  # a directory that is not a run says so first
+    md = reports_root(run_dir) / f"{run_dir.name}.md"
+    if not md.exists():
+        raise HarnessError(f"no report for {run_dir} at {md}: run `harness report {run_dir}` first")
+    fresh = render_markdown(run_dir, compute(run_dir), md.parent).splitlines()
+    old = md.read_text().splitlines()
+    diffs = [f"line {i + 1}: report has {a!r}, traces give {b!r}" for i, (a, b) in enumerate(zip(old, fresh)) if a != b]
+    if len(old) != len(fresh):
+        diffs.append(f"report has {len(old)} lines, traces give {len(fresh)}")
+    return diffs
