@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 
-import resource
 import shutil
-import sys
 import tempfile
 import traceback
 from pathlib import Path
@@ -26,7 +24,7 @@ import numpy as np
 from harness.errors import HarnessError
 from harness.models.catalog import Model
 from harness.models.store import read_sidecar
-from harness.procs import death, run_isolated
+from harness.procs import death, peak_rss_bytes, run_isolated
 from harness.prompts import Prompt
 
 CAPTION = ("alpha = sum min(p, q) and top-1 agreement vs the reference, teacher-forced on the reference's greedy "
@@ -78,11 +76,6 @@ def _describe(m: Model) -> dict:
 
 
 # -- child processes ----------------------------------------------------------------------------------------
-def _peak_rss_bytes() -> int:
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(r if sys.platform == "darwin" else r * 1024)
-
-
 def _teacher_forced(engine, prompt_tokens: list[int], output: list[int]) -> np.ndarray:
     """Logits [len(output), n_vocab] predicting each output token, from one batched pass over the prompt and
     output (chunks of n_batch): row j comes from the position of the token before output[j]."""
@@ -154,7 +147,7 @@ def _child(job: dict, result_path: str) -> None:
         res = {"status": "error", "error": str(e), "exit_code": e.exit_code}
     except Exception as e:  # noqa: BLE001 - any failure becomes a row
         res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    res["peak_rss_bytes"] = _peak_rss_bytes()
+    res["peak_rss_bytes"] = peak_rss_bytes()
     Path(result_path).write_text(json.dumps(res))
 
 

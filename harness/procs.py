@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import resource
 import signal
+import sys
 
 
 def run_isolated(target, *args) -> int:
@@ -26,3 +28,9 @@ def run_isolated(target, *args) -> int:
 
 def death(exitcode: int) -> str:
     return f"worker died with signal {-exitcode}" if exitcode < 0 else f"worker exited with code {exitcode}"
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size: getrusage reports KiB on Linux, bytes on macOS."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)

@@ -28,3 +28,15 @@ def smol_q2k() -> Path:
 def tiny_set(tmp_path_factory):
     from tests.tiny_gguf import make_fixture_set
     return make_fixture_set(tmp_path_factory.mktemp("tiny"))
+
+
+def gpu_build() -> bool:
+    """True on a llama-cpp-python built with GPU offload (CUDA, Vulkan, Metal), where the CPU-only refusals
+    cannot happen and the report's backend line differs."""
+    from harness.engine import gpu_offload_supported
+    return gpu_offload_supported()
+
+
+def skip_on_gpu_build(what: str) -> None:
+    if gpu_build():
+        pytest.skip(f"{what}: this llama-cpp-python has GPU offload")

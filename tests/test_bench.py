@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import gpu_build, skip_on_gpu_build
+
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = [sys.executable, "-m", "harness.cli"]
 
@@ -48,7 +50,8 @@ def test_smoke_report_structure(smoke_run):
     for heading in ("## Models", "## Verdict per category", "## Per category", "### code", "### long_context",
                     "## Draft quantization", "## Memory", "## Output equivalence (greedy)", "## How to read this"):
         assert heading in md
-    assert "CPU only" in md and "requantized from smollm2-135m-instruct-q4_1" in md
+    assert ("GPU offload available" if gpu_build() else "CPU only") in md
+    assert "requantized from smollm2-135m-instruct-q4_1" in md
     assert "| greedy" in md and "T=0.8 top_p=0.9" in md  # every table states the policy
     assert f"`runs/{smoke_run.name}/traces`" in md  # relative to the report: the same however the path was typed
     results = [json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()]
@@ -126,14 +129,59 @@ def test_report_figures_equal_those_recomputed_from_traces(smoke_run):
     assert r.returncode == 0 and "matches" in r.stdout
 
 
-def test_report_check_fails_when_the_report_disagrees(smoke_run, tmp_path):
-    md = smoke_run.parent.parent / f"{smoke_run.name}.md"
-    text = md.read_text()
-    try:
-        md.write_text(text.replace("| greedy", "| greedy ", 1))
-        one_line_error(harness("report", str(smoke_run), "--check"), "disagrees")
-    finally:
-        md.write_text(text)
+def copy_run(run: Path, tmp_path: Path) -> Path:
+    """The run and its report, copied into a reports directory of their own (to tamper with)."""
+    import shutil
+    dest = tmp_path / "reports" / "runs" / run.name
+    shutil.copytree(run, dest, symlinks=True)
+    shutil.copy(run.parent.parent / f"{run.name}.md", dest.parent.parent / f"{run.name}.md")
+    return dest
+
+
+def test_report_check_fails_when_a_trace_disagrees(smoke_run, tmp_path):
+    run = copy_run(smoke_run, tmp_path)
+    assert harness("report", str(run), "--check").returncode == 0
+    trace = next(f for f in sorted((run / "traces").glob("g*.jsonl"))
+                 if any(json.loads(x).get("accepted", 0) < json.loads(x).get("proposed", 0)
+                        for x in f.read_text().splitlines()))
+    lines = trace.read_text().splitlines()
+    i = next(k for k, x in enumerate(lines) if json.loads(x).get("accepted", 0) < json.loads(x).get("proposed", 0))
+    rec = json.loads(lines[i])
+    rec["accepted"] += 1  # one more accepted draft than the run saw
+    lines[i] = json.dumps(rec)
+    trace.write_text("\n".join(lines) + "\n")
+    r = harness("report", str(run), "--check")
+    one_line_error(r, "disagrees")
+    assert "acceptance" in r.stdout or "%" in r.stdout  # the differing lines are shown
+
+
+def md_table(md: str, heading: str) -> list[dict]:
+    """The first Markdown table after a heading, as dicts."""
+    part = md.split(heading, 1)[1]
+    rows = [ln for ln in part.splitlines() if ln.startswith("|")]
+    rows = rows[:next((k for k in range(1, len(rows)) if not rows[k].startswith("|")), len(rows))]
+    head = [c.strip() for c in rows[0].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in r.strip("|").split("|")))) for r in rows[2:]]
+
+
+def test_equivalence_table_counts_every_greedy_generation(smoke_run):
+    md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
+    table = md_table(md, "## Output equivalence (greedy)")
+    recs = raw(smoke_run)
+    gens = [r for r in recs if r["type"] == "generation"]
+    results = {json.loads(x)["config"]: json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()}
+    greedy = [g for g in gens if results[g["config"]]["policy"]["temperature"] == 0]
+    base = {g["prompt_id"]: g["tokens"] for g in greedy if results[g["config"]]["draft"] == "none"}
+    spec = [g for g in greedy if results[g["config"]]["draft"] != "none"]
+    assert len(table) == len({(g["config"], g["category"]) for g in spec}) > 0
+    assert sum(int(r["generations"]) for r in table) == len(spec)
+    differ = sum(g["tokens"] != base[g["prompt_id"]] for g in spec)
+    checked = [r for r in recs if r["type"] == "divergence"]
+    assert len(checked) == differ  # paired: every divergence was re-evaluated in its worker
+    assert sum(int(r["kernel near-ties"]) + int(r["mismatches"]) + int(r["unchecked"]) for r in table) == differ
+    assert all(r["mismatches"] == "0" and r["unchecked"] == "0" for r in table)
+    exact = sum(float(r["exact match"].rstrip("%")) / 100 * int(r["generations"]) for r in table)
+    assert exact == pytest.approx(len(spec) - differ)
 
 
 def test_report_check_neither_redraws_plots_nor_depends_on_how_the_path_is_typed(smoke_run):
@@ -192,6 +240,8 @@ def test_resume_runs_only_what_is_missing(smoke_run):
     (["--target", "smollm2-135m-instruct-q4_1", "--per-category", "x"], ["--per-category", "not a valid integer"]),
 ])
 def test_bad_bench_input_is_one_line(args, words, tmp_path):
+    if "--ngl" in args:
+        skip_on_gpu_build("the --ngl refusal of a CPU-only build")
     if "gemma-3-270m-q4_k_m" in args and not (ROOT / "models" / "gemma-3-270m-q4_k_m.gguf").exists():
         pytest.skip("gemma not fetched")
     r = harness("bench", *args, "--out", str(tmp_path / "runs"))

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from tests.conftest import skip_on_gpu_build
 from tests.test_bench import harness, one_line_error
 
 T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
@@ -50,6 +51,8 @@ def test_run_ngram_sampled(smol):
     (["--draft", "ngram:0"], ["n-gram size"]),
 ])
 def test_run_bad_input(args, words, smol):
+    if any(a.startswith("--ngl") for a in args):
+        skip_on_gpu_build("the offload refusal of a CPU-only build")
     if "gemma-3-270m-q4_k_m" in args:
         from tests.conftest import MODELS
         if not (MODELS / "gemma-3-270m-q4_k_m.gguf").exists():

@@ -23,3 +23,46 @@ def test_three_acceptance_figures_from_steps_and_alpha_only_where_verification_r
     assert row["tokens_per_call"] == pytest.approx(8 / 3)
     # standard error of the mean of (2, 5, 1), relative to it
     assert row["tokens_per_call_rse"] == pytest.approx(statistics.stdev([2, 5, 1]) / 3 ** 0.5 / (8 / 3))
+
+
+STEPS = pl.DataFrame([
+    # gamma 3: rejected at 1; all accepted; rejected at 0; a plain step (not a verification step)
+    {"g": "a", "proposed": 3, "accepted": 1, "rejected_at": 1, "target_conf": [0.99, 0.6, 0.3, 0.2]},
+    {"g": "a", "proposed": 3, "accepted": 3, "rejected_at": None, "target_conf": [0.97, 0.96, 0.85, 0.4]},
+    {"g": "a", "proposed": 3, "accepted": 0, "rejected_at": 0, "target_conf": [0.45, 0.9, 0.9, 0.9]},
+    {"g": "a", "proposed": 0, "accepted": 0, "rejected_at": None, "target_conf": [0.5]},
+])
+
+
+def test_per_position_acceptance_given_reached():
+    got = {r["pos"]: (r["accept_prob"], r["tested"]) for r in metrics.per_position(STEPS, ["g"]).iter_rows(named=True)}
+    # position 1 reached by all three steps, accepted by two; 2 reached by two, accepted by one; 3 by one, accepted
+    assert got == {1: (pytest.approx(2 / 3), 3), 2: (0.5, 2), 3: (1.0, 1)}
+
+
+def test_rejection_histogram():
+    got = {r["rejected_at"]: r["steps"] for r in metrics.rejection_histogram(STEPS, ["g"]).iter_rows(named=True)}
+    assert got == {"0": 1, "1": 1, "none": 1}
+
+
+def test_acceptance_by_target_confidence_over_positions_reached():
+    rows = metrics.by_confidence(STEPS, ["g"]).iter_rows(named=True)
+    got = {r["target_conf"]: (r["accept_prob"], r["tested"]) for r in rows}
+    # reached: (0.99 acc, 0.6 rej), (0.97, 0.96, 0.85 acc), (0.45 rej)
+    assert got == {">=0.95": (1.0, 3), "0.5-0.8": (0.0, 1), "0.8-0.95": (1.0, 1), "<0.5": (0.0, 1)}
+
+
+def test_calibration_is_interpolated_linearly_between_contexts_and_held_beyond(tmp_path):
+    import json
+
+    from harness.calibrate import at_context, costs_at
+    cal = {"contexts": [128, 1024], "ms_by_context": [[10.0, 16.0, 20.0], [14.0, 24.0, 32.0]]}
+    assert at_context(cal, 64) == [10.0, 16.0, 20.0] and at_context(cal, 4096) == [14.0, 24.0, 32.0]
+    assert at_context(cal, 576) == pytest.approx([12.0, 20.0, 26.0])  # halfway
+    for name, ms in (("t", cal["ms_by_context"]), ("d", [[2.0, 3.0, 3.5], [4.0, 5.0, 5.5]])):
+        (tmp_path / f"{name}-t2-ngl0.json").write_text(json.dumps({"contexts": [128, 1024], "ms_by_context": ms}))
+    c = costs_at(tmp_path, "t", "d", 2, 0, 0, 576, overhead_ms=0.5)
+    assert c.target_ms == pytest.approx([12.0, 20.0, 26.0]) and c.draft_ms == pytest.approx(3.0)
+    assert c.draft_curve == pytest.approx((3.0, 4.0, 4.5)) and c.overhead_ms == 0.5
+    assert costs_at(tmp_path, "t", "missing", 2, 0, 0, 576) is None
+    assert costs_at(tmp_path, "t", None, 2, 0, 0, 576).draft_ms == 0.0  # an n-gram proposer: no model

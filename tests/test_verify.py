@@ -95,3 +95,44 @@ def test_stochastic_all_accepted_when_p_equals_q_point_masses():
     pt = Dist.point(3)
     v = verify_stochastic(np.array([3, 3]), [pt, pt], [pt, pt, Dist.point(4)], np.random.default_rng(0))
     assert (v.accepted, v.token, v.alpha) == (2, 4, [1.0, 1.0])
+
+
+# gamma 2 and 3: each position has its own p and q, and the bonus position its own p
+BLOCKS = {
+    2: ([[4, 3, 1, 1, 1, 1, 1, 1], [0, 1, 5, 2, 0, 1, 1, 0], [1, 1, 1, 1, 6, 0, 0, 3]],
+        [[1, 1, 30, 30, 1, 1, 1, 1], [2, 2, 2, 2, 1, 1, 1, 1]]),
+    3: ([[2, 5, 1, 1, 0, 0, 1, 0], [5, 3, 2, 0, 0, 0, 0, 0], [3, 1, 4, 1, 5, 9, 2, 6], [0, 0, 0, 1, 1, 1, 1, 9]],
+        [[1, 2, 1, 1, 1, 1, 1, 1], [2, 2, 2, 2, 1, 1, 1, 1], [3, 1, 4, 1, 5, 9, 2, 6]]),
+}
+BLOCK_DRAWS = 100_000
+
+
+def emitted_by_position(gamma: int, seed: int) -> list[np.ndarray]:
+    """Counts of the token emitted at each output position of a step, over the steps that reached it."""
+    ps, qs = ([dist(w) for w in ws] for ws in BLOCKS[gamma])
+    rng = np.random.default_rng(seed)
+    counts = [np.zeros(V) for _ in range(gamma + 1)]
+    for _ in range(BLOCK_DRAWS):
+        draft = np.array([q.sample(rng) for q in qs])
+        v = verify_stochastic(draft, qs, ps, rng)
+        for i, tok in enumerate([*draft[:v.accepted], v.token]):
+            counts[i][tok] += 1
+    return counts
+
+
+@pytest.mark.parametrize("gamma", [2, 3])
+def test_stochastic_verifier_emits_each_positions_p_in_longer_blocks(gamma):
+    counts = emitted_by_position(gamma, seed=gamma)
+    ps = [dist(w) for w in BLOCKS[gamma][0]]
+    assert counts[gamma].sum() > 1000  # the bonus position is reached often enough to be tested
+    for c, p in zip(counts, ps):
+        assert chi2_pvalue(c, p) > 0.001
+
+
+def test_negative_control_resampling_from_p_instead_of_the_residual_fails(monkeypatch):
+    """A plausible bug: after a rejection, sample from p rather than norm(max(0, p - q))."""
+    import harness.verify as verify_mod
+    monkeypatch.setattr(verify_mod, "residual", lambda p, q: p)
+    counts = emitted_by_position(2, seed=2)
+    ps = [dist(w) for w in BLOCKS[2][0]]
+    assert min(chi2_pvalue(c, p) for c, p in zip(counts, ps)) < 1e-6

@@ -1,14 +1,14 @@
 """One benchmark configuration in its own process: clean RSS, and a crash in llama.cpp ends only this worker."""
 from __future__ import annotations
 
-import resource
+import os
 import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.procs import death, run_isolated
+from harness.procs import death, peak_rss_bytes, run_isolated
 from harness.plan import Instance
 from harness.rundir import PAIRED_DIR, finished, record_result
 
@@ -127,7 +127,7 @@ def adaptive_controller(inst: Instance, pair, run_dir: Path, context: float):
     return AdaptiveGamma(costs, inst.gamma)
 
 
-def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str,
+def _child(attempt: str, inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str,
            paired: bool) -> None:
     inst = Instance(**inst_d)
     rd = Path(run_dir)
@@ -137,16 +137,19 @@ def _child(inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int
         res = {"status": "error", "error": str(e)}
     except Exception as e:  # noqa: BLE001 - any failure becomes a row; the sweep goes on
         res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    res["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    record_result(rd, {"config": inst.id, **asdict(inst), **res})
+    res["peak_rss_bytes"] = peak_rss_bytes()
+    record_result(rd, {"config": inst.id, **asdict(inst), **res, "attempt": attempt})
 
 
 def run_in_worker(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path,
-                  paired: bool = False) -> dict:
-    """Run in a fresh process; a worker that dies (segfault, out of memory) still leaves an error row."""
-    code = run_isolated(_child, asdict(inst), prompts, max_tokens, repeat, n_ctx, str(run_dir), paired)
+                  paired: bool = False, child=_child) -> dict:
+    """Run in a fresh process. A worker that dies (segfault, out of memory) before writing its result leaves an
+    error row; one that dies after writing it (say, in llama.cpp's teardown) keeps its result: the traces are
+    complete."""
+    attempt = os.urandom(6).hex()
+    code = run_isolated(child, attempt, asdict(inst), prompts, max_tokens, repeat, n_ctx, str(run_dir), paired)
     res = finished(run_dir).get(inst.id)
-    if code != 0 or res is None:
+    if res is None or res.get("attempt") != attempt:
         res = {"config": inst.id, **asdict(inst), "status": "error", "error": death(code)}
         record_result(run_dir, res)
     return res

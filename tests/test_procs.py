@@ -1,0 +1,54 @@
+"""Worker processes: peak RSS in bytes on every platform; a worker that dies after writing its result."""
+import os
+import resource
+import sys
+
+from harness.procs import peak_rss_bytes, run_isolated
+
+
+def test_peak_rss_is_kib_on_linux_and_bytes_on_macos(monkeypatch):
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert peak_rss_bytes() >= kib * 1024
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert kib <= peak_rss_bytes() < kib * 1024
+
+
+def _write_then_die(path):
+    with open(path, "w") as f:
+        f.write("done\n")
+    os._exit(9)
+
+
+def test_a_worker_that_dies_after_writing_keeps_what_it_wrote(tmp_path):
+    f = tmp_path / "out.txt"
+    assert run_isolated(_write_then_die, str(f)) == 9
+    assert f.read_text() == "done\n"
+
+
+def _result_then_die(attempt, inst_d, prompts, max_tokens, repeat, n_ctx, run_dir, paired):
+    from pathlib import Path
+
+    from harness.rundir import record_result
+    record_result(Path(run_dir), {"config": "c1", "status": "ok", "attempt": attempt})
+    os._exit(11)  # say, llama.cpp's teardown crashing after the work was done
+
+
+def _die_before_result(attempt, inst_d, prompts, max_tokens, repeat, n_ctx, run_dir, paired):
+    os._exit(11)
+
+
+def test_bench_worker_dying_after_its_result_keeps_it_and_before_leaves_an_error_row(tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    from harness.bench.worker import run_in_worker
+    from harness.plan import Instance
+    from harness.rundir import finished
+    inst = Instance("t", "d", 2, {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}, 0, 0, 1)
+    monkeypatch.setattr(Instance, "id", property(lambda self: "c1"))
+    res = run_in_worker(inst, [], 4, 1, 256, tmp_path, child=_result_then_die)
+    assert res["status"] == "ok" and finished(tmp_path)["c1"]["status"] == "ok"
+    res = run_in_worker(inst, [], 4, 1, 256, tmp_path, child=_die_before_result)
+    assert res["status"] == "error" and "exited with code 11" in res["error"]
+    assert finished(tmp_path)["c1"] == {"config": "c1", **asdict(inst), "status": "error",
+                                        "error": "worker exited with code 11"}
