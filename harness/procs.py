@@ -7,14 +7,17 @@ import signal
 import sys
 
 
-def run_isolated(target, *args) -> int:
+def run_isolated(target, *args, on_start=None) -> int:
     """Run target(*args) in a spawned process and wait; Ctrl-C stops the child too. Returns its exit code.
-    SIGINT is held back while the child starts: an interrupt in the middle of handing it its arguments would
-    leave it to die with a traceback of its own. The child keeps it blocked; the parent stops it."""
+    on_start(pid) is told the child's pid once it runs. SIGINT is held back while the child starts: an interrupt
+    in the middle of handing it its arguments would leave it to die with a traceback of its own. The child keeps
+    it blocked; the parent stops it."""
     p = mp.get_context("spawn").Process(target=target, args=args)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         p.start()
+        if on_start:
+            on_start(p.pid)
         signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a Ctrl-C held back during the start lands here
         p.join()
     except BaseException:

@@ -1,7 +1,12 @@
 """A run directory, the one place a benchmark's results live: plan.json (what was asked), results.jsonl (one
-line per finished configuration), traces/ (the raw records every figure is computed from) and side runs kept
-apart, each with its own traces/: drift/ (the plain baselines again at the end, with their own results.jsonl)
-and paired/ (plain decoding beside each speculative configuration, in its worker)."""
+line per finished unit of work), noise.jsonl (the foreign load while each ran), traces/ (the raw records every
+figure is computed from) and side runs kept apart, each with its own traces/: drift/ (the plain baselines again
+at the end, with their own results.jsonl) and paired/ (plain decoding beside each speculative configuration, in
+its worker).
+
+A unit of work is one configuration over one round of prompts: round 0 is the plan's prompt set, later rounds
+are the prompts `--until-confident` added. A unit's id is its configuration's id, with ".rK" for round K > 0;
+its traces are traces/<unit>.jsonl."""
 from __future__ import annotations
 
 import json
@@ -58,28 +63,49 @@ def read_plan(run_dir: Path) -> dict:
     return plan
 
 
+def unit_id(config: str, round_: int = 0) -> str:
+    return config if round_ == 0 else f"{config}.r{round_}"
+
+
 def record_result(run_dir: Path, record: dict) -> None:
-    """Append one configuration's result line to results.jsonl (what finished() reads back)."""
+    """Append one unit's result line to results.jsonl (what finished() reads back)."""
     append_record(run_dir / "results.jsonl", record)
 
 
 def repair_results(run_dir: Path) -> None:
-    """Drop half-written last lines of the run's results files (its own and the drift check's)."""
-    for d in (run_dir, run_dir / DRIFT_DIR):
-        repair(d / "results.jsonl")
+    """Drop half-written last lines of the run's results files (its own and the drift check's) and noise log."""
+    for f in (run_dir / "results.jsonl", run_dir / DRIFT_DIR / "results.jsonl", run_dir / NOISE_FILE):
+        repair(f)
 
 
 def finished(run_dir: Path) -> dict[str, dict]:
-    """Results recorded so far, by instance id (the last record wins)."""
+    """Results recorded so far, by unit id (the last record wins)."""
     out = {}
     f = run_dir / "results.jsonl"
     if f.exists():
         for r in read_records(f):
-            out[r["config"]] = r
+            out[r.get("unit", r["config"])] = r
     return out
 
 
-def load_records(run_dir: Path, configs: set[str]) -> list[dict]:
-    """Trace records of the given configurations (a worker killed midway leaves a partial trace: not counted)."""
-    return [r for c in sorted(configs) if (run_dir / "traces" / f"{c}.jsonl").exists()
-            for r in read_records(run_dir / "traces" / f"{c}.jsonl")]
+def ok_units(run_dir: Path) -> set[str]:
+    return {u for u, r in finished(run_dir).items() if r.get("status") == "ok"}
+
+
+def load_records(run_dir: Path, units: set[str]) -> list[dict]:
+    """Trace records of the given units (a worker killed midway leaves a partial trace: not counted)."""
+    return [r for u in sorted(units) if (run_dir / "traces" / f"{u}.jsonl").exists()
+            for r in read_records(run_dir / "traces" / f"{u}.jsonl")]
+
+
+NOISE_FILE = "noise.jsonl"
+
+
+def record_noise(run_dir: Path, record: dict) -> None:
+    append_record(run_dir / NOISE_FILE, record)
+
+
+def noise(run_dir: Path) -> dict[str, dict]:
+    """The foreign load measured while each unit ran (and before the sweep, as unit "idle-check"), by unit."""
+    f = run_dir / NOISE_FILE
+    return {r["unit"]: r for r in read_records(f)} if f.exists() else {}

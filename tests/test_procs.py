@@ -26,7 +26,7 @@ def test_a_worker_that_dies_after_writing_keeps_what_it_wrote(tmp_path):
     assert f.read_text() == "done\n"
 
 
-def _result_then_die(attempt, inst_d, prompts, max_tokens, repeat, n_ctx, run_dir, paired):
+def _result_then_die(attempt, inst_d, round_, prompts, params, run_dir):
     from pathlib import Path
 
     from harness.rundir import record_result
@@ -34,7 +34,7 @@ def _result_then_die(attempt, inst_d, prompts, max_tokens, repeat, n_ctx, run_di
     os._exit(11)  # say, llama.cpp's teardown crashing after the work was done
 
 
-def _die_before_result(attempt, inst_d, prompts, max_tokens, repeat, n_ctx, run_dir, paired):
+def _die_before_result(attempt, inst_d, round_, prompts, params, run_dir):
     os._exit(11)
 
 
@@ -42,13 +42,14 @@ def test_bench_worker_dying_after_its_result_keeps_it_and_before_leaves_an_error
     from dataclasses import asdict
 
     from harness.bench.worker import run_in_worker
-    from harness.plan import Instance
+    from harness.plan import Instance, Params
     from harness.rundir import finished
     inst = Instance("t", "d", 2, {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}, 0, 0, 1)
     monkeypatch.setattr(Instance, "id", property(lambda self: "c1"))
-    res = run_in_worker(inst, [], 4, 1, 256, tmp_path, child=_result_then_die)
+    params = Params(target=["t"], max_tokens=4)
+    res = run_in_worker(inst, 0, [], params, tmp_path, child=_result_then_die)
     assert res["status"] == "ok" and finished(tmp_path)["c1"]["status"] == "ok"
-    res = run_in_worker(inst, [], 4, 1, 256, tmp_path, child=_die_before_result)
+    res = run_in_worker(inst, 0, [], params, tmp_path, child=_die_before_result)
     assert res["status"] == "error" and "exited with code 11" in res["error"]
-    assert finished(tmp_path)["c1"] == {"config": "c1", **asdict(inst), "status": "error",
+    assert finished(tmp_path)["c1"] == {"config": "c1", "unit": "c1", "round": 0, **asdict(inst), "status": "error",
                                         "error": "worker exited with code 11"}

@@ -1,4 +1,5 @@
-"""One benchmark configuration in its own process: clean RSS, and a crash in llama.cpp ends only this worker."""
+"""One unit of work (a configuration over a round of prompts) in its own process: clean RSS, and a crash in
+llama.cpp ends only this worker."""
 from __future__ import annotations
 
 import os
@@ -9,15 +10,14 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.procs import death, peak_rss_bytes, run_isolated
-from harness.plan import Instance
-from harness.rundir import PAIRED_DIR, finished, record_result
+from harness.plan import Instance, Params
+from harness.rundir import PAIRED_DIR, finished, record_result, unit_id
 
 
-def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path,
-                 paired: bool = False) -> dict:
-    """Every prompt (times repeat) through one configuration. paired: each speculative generation also runs
-    as plain decoding in this worker, alternating which goes first, into run_dir/paired: a reference taken
-    seconds apart, so the machine's drift over a long sweep cancels out of the speedup."""
+def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path) -> dict:
+    """Every prompt (times params.repeat) through one configuration. params.paired: each speculative
+    generation also runs as plain decoding in this worker, alternating which goes first, into run_dir/paired: a
+    reference taken seconds apart, so the machine's drift over a long sweep cancels out of the speedup."""
     from harness.engine import EngineConfig
     from harness.loop import Request, check_fits, generate
     from harness.pair import open_pair
@@ -25,12 +25,14 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
     from harness.trace import TraceWriter
 
     t0 = time.perf_counter()
-    cfg = EngineConfig(n_ctx=n_ctx, n_gpu_layers=inst.ngl, threads=inst.threads)
+    max_tokens, repeat, paired = params.max_tokens, params.repeat, params.paired
+    unit = unit_id(inst.id, round_)
+    cfg = EngineConfig(n_ctx=params.n_ctx, n_gpu_layers=inst.ngl, threads=inst.threads)
     pair = open_pair(inst.target, None if inst.baseline else inst.draft, cfg, inst.ngl_draft,
                      check_alignment=False)  # the sweep checked every pair up front
-    files = {"baseline" if inst.baseline else "speculative": run_dir / "traces" / f"{inst.id}.jsonl"}
+    files = {"baseline" if inst.baseline else "speculative": run_dir / "traces" / f"{unit}.jsonl"}
     if paired and not inst.baseline:
-        files["baseline"] = run_dir / PAIRED_DIR / "traces" / f"{inst.id}.jsonl"
+        files["baseline"] = run_dir / PAIRED_DIR / "traces" / f"{unit}.jsonl"
     for f in files.values():
         f.parent.mkdir(parents=True, exist_ok=True)
         f.unlink(missing_ok=True)  # a rerun replaces a partial trace
@@ -46,7 +48,7 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
         # greedy speculative outputs are checked against plain greedy decoding: the paired twin, or else the
         # baseline configuration's trace when it ran earlier in the sweep
         check = inst.policy["temperature"] == 0 and not inst.baseline
-        plain_ref = plain_outputs(run_dir, inst) if check and "baseline" not in files else {}
+        plain_ref = plain_outputs(run_dir, inst, round_) if check and "baseline" not in files else {}
         n = 0
         for rep in range(repeat):
             pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
@@ -82,13 +84,13 @@ def run_instance(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_
         pair.close()
 
 
-def plain_outputs(run_dir: Path, inst: Instance) -> dict[tuple[str, int], list[int]]:
+def plain_outputs(run_dir: Path, inst: Instance, round_: int) -> dict[tuple[str, int], list[int]]:
     """(prompt id, repeat) -> tokens of the plain baseline configuration of inst's target, offload, threads and
-    policy, when it has finished in this run."""
+    policy in this round, when it has finished."""
     from harness.trace import read_records
-    base = Instance(inst.target, "none", 0, inst.policy, inst.ngl, 0, inst.threads)
-    f = run_dir / "traces" / f"{base.id}.jsonl"
-    if finished(run_dir).get(base.id, {}).get("status") != "ok" or not f.exists():
+    base = unit_id(Instance(inst.target, "none", 0, inst.policy, inst.ngl, 0, inst.threads).id, round_)
+    f = run_dir / "traces" / f"{base}.jsonl"
+    if finished(run_dir).get(base, {}).get("status") != "ok" or not f.exists():
         return {}
     return {(r["prompt_id"], r["repeat"]): r["tokens"] for r in read_records(f) if r.get("type") == "generation"}
 
@@ -127,29 +129,31 @@ def adaptive_controller(inst: Instance, pair, run_dir: Path, context: float):
     return AdaptiveGamma(costs, inst.gamma)
 
 
-def _child(attempt: str, inst_d: dict, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: str,
-           paired: bool) -> None:
+def _child(attempt: str, inst_d: dict, round_: int, prompts: list, params: Params, run_dir: str) -> None:
     inst = Instance(**inst_d)
     rd = Path(run_dir)
     try:
-        res = run_instance(inst, prompts, max_tokens, repeat, n_ctx, rd, paired)
+        res = run_instance(inst, round_, prompts, params, rd)
     except HarnessError as e:
         res = {"status": "error", "error": str(e)}
     except Exception as e:  # noqa: BLE001 - any failure becomes a row; the sweep goes on
         res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     res["peak_rss_bytes"] = peak_rss_bytes()
-    record_result(rd, {"config": inst.id, **asdict(inst), **res, "attempt": attempt})
+    record_result(rd, {"config": inst.id, "unit": unit_id(inst.id, round_), "round": round_, **asdict(inst), **res,
+                       "attempt": attempt})
 
 
-def run_in_worker(inst: Instance, prompts: list, max_tokens: int, repeat: int, n_ctx: int, run_dir: Path,
-                  paired: bool = False, child=_child) -> dict:
-    """Run in a fresh process. A worker that dies (segfault, out of memory) before writing its result leaves an
-    error row; one that dies after writing it (say, in llama.cpp's teardown) keeps its result: the traces are
-    complete."""
+def run_in_worker(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path, on_start=None,
+                  child=_child) -> dict:
+    """Run a unit in a fresh process (on_start(pid) is told its pid). A worker that dies (segfault, out of
+    memory) before writing its result leaves an error row; one that dies after writing it (say, in llama.cpp's
+    teardown) keeps its result: the traces are complete."""
     attempt = os.urandom(6).hex()
-    code = run_isolated(child, attempt, asdict(inst), prompts, max_tokens, repeat, n_ctx, str(run_dir), paired)
-    res = finished(run_dir).get(inst.id)
+    unit = unit_id(inst.id, round_)
+    code = run_isolated(child, attempt, asdict(inst), round_, prompts, params, str(run_dir), on_start=on_start)
+    res = finished(run_dir).get(unit)
     if res is None or res.get("attempt") != attempt:
-        res = {"config": inst.id, **asdict(inst), "status": "error", "error": death(code)}
+        res = {"config": inst.id, "unit": unit, "round": round_, **asdict(inst), "status": "error",
+               "error": death(code)}
         record_result(run_dir, res)
     return res

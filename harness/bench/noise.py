@@ -1,0 +1,156 @@
+"""The busy-machine guard: how much of the machine's CPU something other than this benchmark uses.
+
+llama.cpp's threads spin-wait on oversubscribed cores, so another process is not a 2x slowdown but 10-100x:
+a benchmark must know when its own numbers are not to be trusted, and the threshold has to be low (one other
+process using a fifth of a core cost plain decoding 15% on a 2-core machine).
+
+Foreign load = the machine's busy CPU time (user, nice, system, irq, softirq, steal: /proc/stat and the like)
+less this process's and its workers', over an interval, as a share of all cores. Reading it costs a few file
+reads, so a sampler thread can take it every second while a worker measures without disturbing it."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from harness.errors import HarnessError
+
+DEFAULT_THRESHOLD = 0.05  # of all cores: a tenth of one core on a 2-core machine
+SAMPLE_S = 1.0
+
+
+def check_threshold(threshold: float) -> float:
+    if not 0 < threshold <= 1:
+        raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {threshold}")
+    return threshold
+
+
+def _busy_cpu() -> float:
+    t = psutil.cpu_times()
+    return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+class Meter:
+    """CPU seconds used by this process, the worker it is told of, and their reaped children."""
+
+    def __init__(self):
+        self.me = psutil.Process()
+        self.worker: psutil.Process | None = None
+        self.worker_cpu = 0.0  # its last reading: an exited worker not yet reaped cannot be read
+        self.reaped_before = self._reaped()
+
+    def _reaped(self) -> float:
+        t = self.me.cpu_times()
+        return t.children_user + t.children_system
+
+    def watch(self, pid: int | None) -> None:
+        self.reaped_before = self._reaped()
+        self.worker_cpu = 0.0
+        try:
+            self.worker = psutil.Process(pid) if pid else None
+        except psutil.Error:
+            self.worker = None
+
+    def own(self) -> float:
+        if self.worker is not None:
+            try:
+                w = self.worker.cpu_times()
+                self.worker_cpu = w.user + w.system
+            except psutil.Error:
+                pass
+        t = self.me.cpu_times()
+        reaped = t.children_user + t.children_system
+        if reaped > self.reaped_before:  # the worker was reaped: its time is in children_* now
+            self.worker, self.worker_cpu, self.reaped_before = None, 0.0, reaped
+        return t.user + t.system + reaped + self.worker_cpu
+
+    def reading(self) -> tuple[float, float, float]:
+        return time.monotonic(), _busy_cpu(), self.own()
+
+
+def foreign_share(a: tuple[float, float, float], b: tuple[float, float, float], cores: int) -> float:
+    """Share of all cores used by others between two readings (clipped at 0: clock ticks are 10 ms)."""
+    wall = b[0] - a[0]
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((b[1] - a[1]) - (b[2] - a[2])) / wall / cores)
+
+
+def top_processes(seconds: float = 1.0, n: int = 3) -> list[tuple[str, int, float]]:
+    """(name, pid, share of one core) of the busiest other processes over `seconds`."""
+    mine = {psutil.Process().pid} | {c.pid for c in psutil.Process().children(recursive=True)}
+
+    def snap():
+        out = {}
+        for p in psutil.process_iter(["name", "cpu_times"]):
+            if p.pid in mine or p.info["cpu_times"] is None:
+                continue
+            out[p.pid] = (p.info["name"], p.info["cpu_times"].user + p.info["cpu_times"].system)
+        return out
+
+    a = snap()
+    time.sleep(seconds)
+    b = snap()
+    use = [(name, pid, (cpu - a[pid][1]) / seconds) for pid, (name, cpu) in b.items() if pid in a]
+    return sorted((u for u in use if u[2] > 0.005), key=lambda u: -u[2])[:n]
+
+
+def idle_check(threshold: float, allow_busy: bool, seconds: float = 2.0) -> dict:
+    """Measure foreign load before the sweep; refuse to start above the threshold unless allowed."""
+    cores = psutil.cpu_count() or 1
+    m = Meter()
+    a = m.reading()
+    time.sleep(seconds)
+    share = foreign_share(a, m.reading(), cores)
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    busy = share > threshold
+    if busy and not allow_busy:
+        names = ", ".join(f"{name} (pid {pid}, {u:.0%} of a core)" for name, pid, u in top_processes()) or \
+            "no single process stands out"
+        raise HarnessError(f"the machine is busy: other processes use {share:.0%} of its {cores} cores (threshold "
+                           f"{threshold:.0%}; busiest: {names}); timings would not be trustworthy: stop them, or "
+                           "pass --allow-busy to run anyway with every configuration marked")
+    return {"foreign": share, "load1": load1, "busy": busy, "threshold": threshold, "cores": cores}
+
+
+@dataclass
+class Sampler:
+    """Foreign load, sampled every SAMPLE_S seconds by a thread while a configuration runs."""
+    threshold: float
+    cores: int = field(default_factory=lambda: psutil.cpu_count() or 1)
+    meter: Meter = field(default_factory=Meter)
+    shares: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        last = self.meter.reading()
+        while not self._stop.wait(SAMPLE_S):
+            now = self.meter.reading()
+            self.shares.append(foreign_share(last, now, self.cores))
+            last = now
+        now = self.meter.reading()
+        if now[0] - last[0] > 0.2 * SAMPLE_S:  # the tail, unless too short to resolve 10 ms ticks
+            self.shares.append(foreign_share(last, now, self.cores))
+
+    def __enter__(self) -> "Sampler":
+        self.shares = []
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="noise-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        s = self.shares or [0.0]
+        return {"foreign_mean": sum(s) / len(s), "foreign_max": max(s), "samples": len(self.shares),
+                "load1": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+                "busy": max(s) > self.threshold, "threshold": self.threshold}

@@ -1,0 +1,138 @@
+"""Intervals and verdicts, pure: coverage on synthetic traces with a known speedup, and the three verdicts."""
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import t as student_t
+
+from harness.analysis.intervals import (Generation, Row, interval, prompts_to_settle, row_intervals, step_matrix,
+                                        t_quantile)
+from harness.analysis.verdict import BUSY, INCONCLUSIVE, NO_DATA, PLAIN, SPECULATE, Evidence, decide
+
+T, GAMMA = 48, 3
+PLAIN_MS, DRAFT_MS, VERIFY_MS = 60.0, 20.0, 72.0
+
+
+def synthetic_prompt(rng, a_mean, spread):
+    """One prompt: its own acceptance probability (Beta around a_mean), a greedy speculative generation of T
+    tokens at gamma 3 and its plain twin, with step times jittered."""
+    conc = 1 / spread
+    a = rng.beta(a_mean * conc, (1 - a_mean) * conc)
+    em, acc, prop, ms = [], [], [], []
+    out = 0
+    while out < T:
+        g = min(GAMMA, T - out - 1)
+        k = 0
+        while k < g and rng.random() < a:
+            k += 1
+        e = min(k + 1, T - out)
+        em.append(e), acc.append(k), prop.append(g)
+        ms.append((DRAFT_MS * g + VERIFY_MS) * rng.lognormal(0, 0.15) if g else PLAIN_MS * rng.lognormal(0, 0.1))
+        out += e
+    reached = [k + (k < g) for k, g in zip(acc, prop)]
+    spec = step_matrix(em, ms, acc, prop, acc, reached, float(sum(ms)), spec=True)
+    pms = PLAIN_MS * rng.lognormal(0, 0.1, size=T)
+    return [Generation(spec, step_matrix(np.ones(T), pms, None, None, None, None, float(pms.sum()), spec=False))]
+
+
+def population_speedup(a_mean, spread, n=3000):
+    """Every generation has T tokens, so the pooled speedup is total plain time over total speculative time."""
+    rng = np.random.default_rng(12345)
+    spec = plain = 0.0
+    for _ in range(n):
+        (g,) = synthetic_prompt(rng, a_mean, spread)
+        spec, plain = spec + g.spec[:, 1].sum(), plain + g.plain[:, 3].sum()
+    return plain / spec
+
+
+def test_t_quantile_matches_scipy():
+    for df in (1, 2, 3, 4, 7, 30):
+        for p in (0.975, 0.99375, 0.6, 0.025):
+            assert t_quantile(p, df) == pytest.approx(student_t.ppf(p, df), rel=1e-6, abs=1e-9)
+
+
+def coverage(n_prompts, a_mean, spread, runs=200):
+    truth = population_speedup(a_mean, spread)
+    rng = np.random.default_rng([n_prompts, int(a_mean * 100), int(spread * 100)])
+    hits = 0
+    for r in range(runs):
+        row = Row([synthetic_prompt(rng, a_mean, spread) for _ in range(n_prompts)])
+        iv = row_intervals(row, f"synthetic-{r}", reps=400)
+        hits += iv["speedup_lo"] <= truth <= iv["speedup_hi"]
+    return hits / runs
+
+
+@pytest.mark.parametrize("n_prompts, a_mean, spread", [(3, 0.7, 0.15), (5, 0.7, 0.15), (10, 0.7, 0.15),
+                                                       (10, 0.85, 0.3)])
+def test_interval_covers_the_known_speedup_about_95_percent_of_the_time(n_prompts, a_mean, spread):
+    """200 synthetic rows of prompts that differ (their acceptance drawn around a_mean): the share of intervals
+    holding the population's speedup."""
+    assert 0.90 <= coverage(n_prompts, a_mean, spread) <= 0.985
+
+
+def test_interval_is_conservative_where_prompts_barely_differ():
+    assert coverage(5, 0.5, 0.05, runs=100) >= 0.95
+
+
+def test_point_estimates_are_the_pooled_figures_and_the_bootstrap_is_seeded():
+    rng = np.random.default_rng(3)
+    row = Row([synthetic_prompt(rng, 0.7, 0.1) for _ in range(4)])
+    iv = row_intervals(row, "row-a")
+    gens = [g for p in row.prompts for g in p]
+    spec = sum(g.spec.sum(axis=0) for g in gens)
+    plain = sum(g.plain.sum(axis=0) for g in gens)
+    assert iv["speedup"] == pytest.approx((spec[0] / spec[1]) / (plain[2] / plain[3]))
+    assert iv["acceptance_rate"] == pytest.approx(spec[4] / spec[5])
+    assert iv["mean_accepted_len"] == pytest.approx(spec[4] / spec[6])
+    assert iv["alpha"] == pytest.approx(spec[7] / spec[8])
+    assert iv["speedup_lo"] < iv["speedup"] < iv["speedup_hi"] and iv["prompts"] == 4
+    assert 0 <= iv["acceptance_rate_lo"] < iv["acceptance_rate"] < iv["acceptance_rate_hi"] <= 1
+    assert row_intervals(row, "row-a") == iv  # seeded by the row's key: a report regenerates identically
+
+
+def ev(speedup, se=0.05, prompts=5, busy=False, config="c"):
+    return Evidence(config, speedup, se, prompts, busy)
+
+
+def test_three_verdicts_exactly_where_the_interval_lies():
+    q = t_quantile(0.975, 4)
+    above = math.exp(q * 0.05) * 1.01  # just clear of 1 at n = 5, se 0.05
+    assert decide([ev(above)]).kind == SPECULATE
+    assert decide([ev(1 / above)]).kind == PLAIN
+    for x in (1.0, 1.05, 0.95, math.exp(q * 0.05) * 0.99):
+        v = decide([ev(x)])
+        assert v.kind == INCONCLUSIVE and v.lo <= 1 <= v.hi
+    v = decide([ev(1 / above)])
+    assert v.hi < 1 and (v.lo, v.hi) == pytest.approx(interval(1 / above, 0.05, 5, log=True))
+
+
+def test_speculate_is_widened_for_picking_the_best_of_several():
+    q1 = t_quantile(0.975, 4)
+    barely = math.exp(q1 * 0.05) * 1.01  # clears 1 on its own 95% interval...
+    assert decide([ev(barely)]).kind == SPECULATE
+    v = decide([ev(barely, config="best"), ev(0.8, config="b"), ev(0.7, config="c"), ev(0.9, config="d")])
+    assert v.kind == INCONCLUSIVE and v.chosen.config == "best"  # ...not once it was picked from four
+    strong = decide([ev(1.5, config="best"), ev(0.8, config="b"), ev(0.7, config="c")])
+    assert strong.kind == SPECULATE and strong.adjusted and strong.k == 3 and strong.lo > 1
+
+
+def test_plain_needs_every_configuration_below_one():
+    v = decide([ev(0.7), ev(0.8), ev(0.99, se=0.2)])
+    assert v.kind == INCONCLUSIVE and v.chosen.speedup == 0.99
+    assert decide([ev(0.7), ev(0.8)]).kind == PLAIN
+
+
+def test_busy_one_prompt_and_no_data():
+    assert decide([ev(0.5), ev(0.6, busy=True)]).kind == BUSY
+    v = decide([ev(0.5, prompts=1)])
+    assert v.kind == INCONCLUSIVE and "one prompt" in v.why and v.further >= 2
+    assert decide([]).kind == NO_DATA and decide([ev(0.0)]).kind == NO_DATA
+
+
+def test_further_prompts_suggested_by_the_width():
+    v = decide([ev(1.06, se=0.04, prompts=5)])
+    assert v.kind == INCONCLUSIVE
+    m = 5 + v.further
+    assert t_quantile(0.975, m - 1) * 0.04 * math.sqrt(5 / m) < math.log(1.06)  # settles at m...
+    assert t_quantile(0.975, m - 2) * 0.04 * math.sqrt(5 / (m - 1)) >= math.log(1.06)  # ...not one earlier
+    assert prompts_to_settle(1.0005, 0.05, 5) is None  # too close to 1 to settle within reach
