@@ -151,7 +151,15 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--paired/--no-paired", default=None,
               help="Run plain decoding beside every speculative generation, in the same worker, and take "
                    "speedups against it: drift-robust, about 1.3x the time.")
-def bench(profile, out, resume, skip_unsupported, **opts):
+@click.option("--until-confident", is_flag=True, default=None,
+              help="Add prompts to categories whose verdict is inconclusive, one per round, until all settle.")
+@click.option("--budget-min", type=float, help="With --until-confident: stop adding rounds after this many "
+                                               "minutes of worker time.")
+@click.option("--busy-threshold", type=float,
+              help="Share of all cores other processes may use before the machine counts as busy (default 0.05).")
+@click.option("--allow-busy", is_flag=True, help="Run on a busy machine anyway; its configurations are marked "
+                                                 "unreliable.")
+def bench(profile, out, resume, skip_unsupported, allow_busy, **opts):
     """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
     from pathlib import Path
 
@@ -161,12 +169,12 @@ def bench(profile, out, resume, skip_unsupported, **opts):
     if resume:
         if not Path(resume).is_dir():
             raise HarnessError(f"--resume {resume}: no such run directory")
-        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command_line())
+        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command_line(), allow_busy)
         return
     params = make_params(load_profile(profile) if profile else {}, opts)
     prompts = prompts_mod.load(params.categories or None, [Path(p) for p in params.prompts] or None,
                                params.per_category)
-    run_bench(params, prompts, Path(out), None, skip_unsupported, command_line())
+    run_bench(params, prompts, Path(out), None, skip_unsupported, command_line(), allow_busy)
 
 
 @cli.command()

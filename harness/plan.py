@@ -15,7 +15,7 @@ from harness.sampling import Policy
 
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
-               "paired")
+               "paired", "until_confident", "budget_min", "busy_threshold")
 
 
 def profiles_file() -> Path:
@@ -43,6 +43,9 @@ class Params:
     n_ctx: int = 2048
     calibrate: bool = False
     paired: bool = False  # a plain generation beside every speculative one, in the same worker
+    until_confident: bool = False  # add prompts to categories whose verdict is inconclusive, round by round
+    budget_min: float | None = None  # ...until the workers have spent this long
+    busy_threshold: float = 0.05  # share of all cores other processes may use before the machine is busy
 
 
 def load_profile(name: str, path: Path | None = None) -> dict:
@@ -63,7 +66,8 @@ def load_profile(name: str, path: Path | None = None) -> dict:
 
 
 SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
-                "calibrate": bool, "paired": bool}
+                "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
+                "busy_threshold": (int, float)}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:
@@ -79,8 +83,8 @@ def make_params(profile: dict, overrides: dict) -> Params:
                 v = [x for x in (v.split(",") if isinstance(v, str) else v) if x]
                 if not all(isinstance(x, str) for x in v):
                     raise HarnessError(f"{k} must be a list of names, got {src[k]!r} ({where})")
-            elif not isinstance(v, SCALAR_TYPES[k]) or (SCALAR_TYPES[k] is int and isinstance(v, bool)):
-                want = "true or false" if SCALAR_TYPES[k] is bool else "an integer"
+            elif not isinstance(v, SCALAR_TYPES[k]) or (SCALAR_TYPES[k] is not bool and isinstance(v, bool)):
+                want = {bool: "true or false", int: "an integer"}.get(SCALAR_TYPES[k], "a number")
                 raise HarnessError(f"{k} must be {want}, got {v!r} ({where})")
             setattr(p, k, v)
     if not p.target:
@@ -102,6 +106,13 @@ def check(p: Params) -> None:
     from harness.engine import MIN_CTX
     if p.n_ctx < MIN_CTX:
         raise HarnessError(f"--n-ctx must be at least {MIN_CTX}, got {p.n_ctx}")
+    if p.budget_min is not None:
+        if p.budget_min <= 0:
+            raise HarnessError(f"--budget-min must be above 0 (minutes), got {p.budget_min:g}")
+        if not p.until_confident:
+            raise HarnessError("--budget-min bounds --until-confident: give both")
+    if not 0 < p.busy_threshold <= 1:
+        raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
 
 
 def _as_list(key: str, v) -> list:

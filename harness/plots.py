@@ -89,3 +89,31 @@ def calibration(run_dir: Path, out: Path) -> Path | None:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def verdicts(v: pl.DataFrame | None, out: Path) -> Path | None:
+    """The first screen's plot: per category and policy, the best configuration's speedup with its 95% interval
+    against 1.00x (plain decoding), coloured by verdict."""
+    if v is None or not len(v) or v["lo"].is_null().all():
+        return None
+    plt = _plt()
+    v = v.filter(pl.col("speedup").is_not_null())
+    labels = [f"{r['category']} ({r['policy']})" for r in v.iter_rows(named=True)]
+    colour = {"speculate": "tab:green", "plain decoding": "tab:red", "inconclusive": "tab:grey"}
+    fig, ax = plt.subplots(figsize=(6.5, 0.35 * len(v) + 1.2))
+    for i, r in enumerate(v.iter_rows(named=True)):
+        c = colour.get(r["verdict"], "tab:orange")
+        if r["lo"] is not None:
+            ax.plot([r["lo"], r["hi"]], [i, i], color=c, linewidth=2)
+        ax.plot([r["speedup"]], [i], "o", color=c)
+    ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_yticks(range(len(v)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup over plain decoding (best configuration, 95% interval)")
+    ax.set_title("green: speculate, red: plain decoding, grey: inconclusive, orange: unreliable", fontsize=7)
+    fig.tight_layout()
+    path = out / "verdicts.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -47,9 +47,12 @@ def raw(run_dir: Path) -> list[dict]:
 def test_smoke_report_structure(smoke_run):
     md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
     assert (smoke_run.parent.parent / "latest.md").read_text() == md
-    for heading in ("## Models", "## Verdict per category", "## Per category", "### code", "### long_context",
-                    "## Draft quantization", "## Memory", "## Output equivalence (greedy)", "## How to read this"):
+    for heading in ("### Models", "## Verdict per category", "## Machine noise", "## Per category", "### code",
+                    "### long_context", "## Draft quantization", "## Memory", "## Output equivalence (greedy)",
+                    "## How to read this"):
         assert heading in md
+    assert md.index("## Verdict per category") < md.index("## Machine and run")  # the answer comes first
+    assert "verdicts.png" in md.split("## Machine and run")[0]  # with its plot
     assert ("GPU offload available" if gpu_build() else "CPU only") in md
     assert "requantized from smollm2-135m-instruct-q4_1" in md
     assert "| greedy" in md and "T=0.8 top_p=0.9" in md  # every table states the policy
@@ -219,7 +222,7 @@ def test_resume_runs_only_what_is_missing(smoke_run):
     res.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:len(lines[-1]) // 2])
     r = harness("bench", "--resume", str(smoke_run))
     assert r.returncode == 0, r.stderr
-    assert "(1 to run)" in r.stderr
+    assert "1 unit(s) to run" in r.stderr
     again = [json.loads(x) for x in res.read_text().splitlines()]
     assert len(again) == len(lines) and all(x["status"] == "ok" for x in again)
 

@@ -18,14 +18,7 @@ import psutil
 
 from harness.errors import HarnessError
 
-DEFAULT_THRESHOLD = 0.05  # of all cores: a tenth of one core on a 2-core machine
 SAMPLE_S = 1.0
-
-
-def check_threshold(threshold: float) -> float:
-    if not 0 < threshold <= 1:
-        raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {threshold}")
-    return threshold
 
 
 def _busy_cpu() -> float:

@@ -7,7 +7,10 @@ from pathlib import Path
 import polars as pl
 
 from harness.analysis import metrics, verdict
-from harness.rundir import DRIFT_DIR, PAIRED_DIR, finished, load_records, read_plan
+from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
+from harness.report.costs import cost_model
+from harness.report.verdicts import noise_frame, verdicts
+from harness.rundir import DRIFT_DIR, PAIRED_DIR, finished, load_records, noise, ok_units, read_plan
 from harness.sampling import Policy
 
 BASE_KEYS = ["target", "policy", "ngl", "threads", "category"]
@@ -39,10 +42,11 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     plan = read_plan(run_dir)
     results = finished(run_dir)
     cfg = config_frame(plan, results)
-    ok = {c for c, r in results.items() if r.get("status") == "ok"}
+    ok = ok_units(run_dir)
     records = load_records(run_dir, ok)
     steps, gens = metrics.frames(records)
-    out = {"configs": cfg}
+    p_steps, p_gens = metrics.frames(load_records(run_dir / PAIRED_DIR, ok))  # each with its configuration's id
+    out = {"configs": cfg, "units": units_frame(results)}
     if not len(gens):
         return out
     keys = ["config", "category"]
@@ -60,7 +64,7 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
         *BASE_KEYS, pl.col("tokens_per_ms").alias("base_tokens_per_ms"),
         pl.col("tokens_per_s").alias("base_tokens_per_s"))
     sweep = sweep.join(base, on=BASE_KEYS, how="left")
-    paired = side_runs(run_dir / PAIRED_DIR, run_dir)  # recorded with the configuration it ran in
+    paired = metrics.throughput(p_gens, keys) if len(p_gens) else None
     if paired is not None:
         sweep = sweep.join(paired.select(*keys, pl.col("tokens_per_ms").alias("paired_tokens_per_ms"),
                                          pl.col("tokens_per_s").alias("paired_tokens_per_s")), on=keys, how="left")
@@ -88,26 +92,52 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
         r["step_ms"] or 0, 1 / r["ref_tokens_per_ms"] if r["ref_tokens_per_ms"] else 0, r["gamma"])
         for r in sweep.iter_rows(named=True)]
     sweep = sweep.with_columns(pl.Series("break_even_rate", be, dtype=pl.Float64))
+    sweep = sweep.join(row_intervals(steps, gens, p_steps, p_gens, cfg), on=keys, how="left")
     out["sweep"] = sweep
     out["equivalence"] = equivalence(gens, metrics.frame(records, "divergence"), cfg)
+    out["noise"] = noise_frame(noise(run_dir), p_gens, cfg)
+    out["verdicts"] = verdicts(sweep, out["noise"])
     out |= cost_model(sweep, run_dir)
     return out
 
 
-def side_runs(d: Path, results: Path | None = None) -> pl.DataFrame | None:
-    """Throughput per configuration and category of the generations in a side directory (drift/, paired/) of
-    the configurations that finished (results.jsonl of d, or another run directory's); None without any."""
-    res = results or d
-    ok = {c for c, r in finished(res).items() if r.get("status") == "ok"} if d.is_dir() else set()
-    _, gens = metrics.frames(load_records(d, ok))
-    return metrics.throughput(gens, ["config", "category"]) if len(gens) else None
+def units_frame(results: dict[str, dict]) -> pl.DataFrame:
+    """Every unit of work recorded: its configuration, round, status and error."""
+    rows = [{"unit": u, "config": r["config"], "round": r.get("round", 0), "status": r.get("status"),
+             "error": r.get("error", ""), "wall_s": r.get("wall_s")} for u, r in results.items()]
+    return pl.DataFrame(rows, schema={"unit": pl.String, "config": pl.String, "round": pl.Int64,
+                                      "status": pl.String, "error": pl.String, "wall_s": pl.Float64})
+
+
+def row_intervals(steps: pl.DataFrame, gens: pl.DataFrame, p_steps: pl.DataFrame, p_gens: pl.DataFrame,
+                  cfg: pl.DataFrame) -> pl.DataFrame:
+    """Intervals per speculative (config, category): each generation against its plain twin, the paired one in
+    a paired run, else the same prompt's generation by the category's plain baseline configuration."""
+    is_spec = pl.col("mode") == "speculative"
+    spec = generation_steps(steps.filter(is_spec), gens.filter(is_spec), spec=True) if len(steps) else {}
+    if len(p_gens):
+        twins = generation_steps(p_steps, p_gens, spec=False)
+    else:
+        base_of = base_configs(cfg)
+        by_base = generation_steps(steps.filter(~is_spec), gens.filter(~is_spec), spec=False) if len(steps) else {}
+        twins = {k: by_base[b] for k in spec if (b := (base_of.get(k[0]), *k[1:])) in by_base}
+    return intervals_frame(row_evidence(spec, twins))
+
+
+def base_configs(cfg: pl.DataFrame) -> dict[str, str]:
+    """Speculative configuration -> the plain baseline configuration of its target, policy, offload, threads."""
+    base = {tuple(r[k] for k in BASE_KEYS[:-1]): r["config"] for r in cfg.filter(pl.col("draft") == "none")
+            .iter_rows(named=True)}
+    return {r["config"]: base.get(tuple(r[k] for k in BASE_KEYS[:-1])) for r in cfg.iter_rows(named=True)}
 
 
 def closing_baselines(run_dir: Path, cfg: pl.DataFrame) -> pl.DataFrame | None:
     """Plain tokens/s per baseline key from the baselines bench ran again after the sweep; None without them."""
-    tp = side_runs(run_dir / DRIFT_DIR)
-    if tp is None:
+    d = run_dir / DRIFT_DIR
+    _, gens = metrics.frames(load_records(d, ok_units(d))) if d.is_dir() else (None, pl.DataFrame())
+    if not len(gens):
         return None
+    tp = metrics.throughput(gens, ["config", "category"])
     tp = tp.join(cfg.select("config", *BASE_KEYS[:-1]), on="config")
     return tp.select(*BASE_KEYS, pl.col("tokens_per_s").alias("base_end_tokens_per_s"))
 
@@ -137,58 +167,3 @@ def equivalence(gens: pl.DataFrame, divergences: pl.DataFrame, cfg: pl.DataFrame
         (pl.col("kind") == "kernel near-tie").sum().alias("kernel_near_ties"),
         (pl.col("kind") == "mismatch").sum().alias("mismatches"),
         (pl.col("kind") == "unchecked").sum().alias("unchecked"))
-
-
-def _costs_for(r: dict, run_dir: Path):
-    from dataclasses import replace
-
-    from harness.calibrate import costs_at
-    from harness.engine import EngineConfig
-    from harness.pair import parse_ngram
-    draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
-    # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
-    costs = costs_at(run_dir / "calibration", r["target"], draft, EngineConfig(threads=r["threads"]).resolved_threads(),
-                     r["ngl"], r["ngl_draft"], r["context"], r["overhead_ms_per_call"] or 0.0)
-    if costs is None or not r["ref_tokens_per_ms"]:
-        return costs
-    # the calibration gives the curve's shape; its level comes from the row's plain reference, measured on
-    # the real prompts (filler text at an interpolated context misjudges long prompts)
-    level = 1 / r["ref_tokens_per_ms"] / costs.target_ms[0]
-    return replace(costs, target_ms=[x * level for x in costs.target_ms])
-
-
-def cost_model(sweep: pl.DataFrame, run_dir: Path) -> dict[str, pl.DataFrame]:
-    """Predicted speedup from calibrated costs and measured alpha against the measured one, per speculative row;
-    the gamma the model recommends per (category, policy, draft); adaptive gamma against the best fixed one."""
-    from harness.costmodel import best_gamma, predicted_speedup
-    rows, best = [], {}
-    spec = sweep.filter((pl.col("draft") != "none") & pl.col("alpha").is_not_null())
-    for r in spec.sort(["category", "policy", "draft", "gamma"]).iter_rows(named=True):
-        costs = _costs_for(r, run_dir)
-        if costs is None or r["gamma"] + 1 > len(costs.target_ms):
-            continue
-        pred = None if r["adaptive"] else predicted_speedup(r["alpha"], r["gamma"], costs)
-        rows.append({k: r[k] for k in ("category", "policy", "draft", "gamma", "gamma_label", "adaptive", "alpha",
-                                       "speedup", "tokens_per_call_rse")}
-                    | {"predicted": pred, "error": pred / r["speedup"] - 1 if pred and r["speedup"] else None})
-        if not r["adaptive"]:
-            best.setdefault((r["category"], r["policy"], r["draft"]), (r["alpha"], costs))
-    if not rows:
-        return {}
-    rec = [{"category": c, "policy": p, "draft": d, "gamma": best_gamma(a, costs, max(len(costs.target_ms) - 1, 1))}
-           for (c, p, d), (a, costs) in best.items()]
-    auto_rows = []  # an adaptive run that chose plain decoding throughout has no alpha: it still counts here
-    for (cat, pol, draft), g in sweep.filter(pl.col("draft") != "none").group_by(["category", "policy", "draft"],
-                                                                                maintain_order=True):
-        auto, fixed = g.filter(pl.col("adaptive")), g.filter(~pl.col("adaptive"))
-        if not len(auto) or not len(fixed):
-            continue
-        bar = max(fixed["speedup"].max() or 0.0, 1.0)
-        got = auto["speedup"][0]
-        auto_rows.append({"category": cat, "policy": pol, "draft": draft, "auto": got,
-                          "best_fixed": fixed["speedup"].max(), "ratio": got / bar, "within_5pct": got >= 0.95 * bar})
-    out = {"cost_model": pl.DataFrame(rows, infer_schema_length=None),
-           "recommended": pl.DataFrame(rec, infer_schema_length=None)}
-    if auto_rows:
-        out["adaptive"] = pl.DataFrame(auto_rows, infer_schema_length=None)
-    return out

@@ -1,0 +1,76 @@
+"""How long a sweep will take, from the run's calibrations or, without them, from a plain decode of each model
+timed once the busy-machine guard found the machine idle: an estimate is only as good as the costs it starts
+from, and a probe taken while something else runs says nothing."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from harness.plan import Instance
+
+ALPHA_GUESS = 0.6        # acceptance assumed for the estimate; the sweep measures the real one
+PROMPT_EVAL_SHARE = 1 / 8  # prompt evaluation per token against a decode, batched
+LOAD_S = 2.0             # starting a worker and loading its models
+
+
+def decode_ms(ref: str, threads: int, ngl: int) -> float:
+    """Median ms of a single-token decode after a short context, warm."""
+    import statistics
+
+    from harness.engine import Engine, EngineConfig
+    from harness.models.catalog import resolve
+    with Engine(resolve(ref).path, EngineConfig(n_ctx=256, n_batch=64, n_gpu_layers=ngl, threads=threads)) as e:
+        e.decode(list(range(1, 65)), logits="last")
+        times = []
+        for k in range(16):
+            t = time.perf_counter()
+            e.decode([100 + k], logits="last")
+            times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def unit_costs(inst: Instance, run_dir: Path, context: float, measured: dict):
+    """costmodel.Costs for an instance: calibrated when the run has calibrations, else from measured decodes
+    (a verify of k tokens taken as 1 + (k - 1) / 3 decodes, the draft's catch-up at its decode cost)."""
+    from harness.calibrate import costs_at
+    from harness.costmodel import Costs
+    from harness.engine import EngineConfig
+    from harness.pair import parse_ngram
+    threads = EngineConfig(threads=inst.threads).resolved_threads()
+    draft = None if inst.baseline or parse_ngram(inst.draft) is not None else inst.draft
+    c = costs_at(run_dir / "calibration", inst.target, draft, threads, inst.ngl, inst.ngl_draft, context)
+    if c is not None:
+        return c
+    t1 = _measured(measured, inst.target, threads, inst.ngl)
+    d1 = _measured(measured, draft, threads, inst.ngl_draft) if draft else 0.0
+    return Costs([t1 * (1 + k / 3) for k in range(17)], d1)
+
+
+def _measured(measured: dict, ref: str, threads: int, ngl: int) -> float:
+    key = (ref, threads, ngl)
+    if key not in measured:
+        measured[key] = decode_ms(ref, threads, ngl)
+    return measured[key]
+
+
+def estimate_s(units: list[tuple[Instance, list]], max_tokens: int, repeat: int, paired: bool, run_dir: Path,
+               measured: dict | None = None) -> float:
+    """Seconds for the given (instance, prompts) units: generation at the cost model's speed at ALPHA_GUESS (plain
+    for adaptive gamma), prompt evaluation, the paired plain runs, worker start-up."""
+    from harness.costmodel import expected_tokens
+    measured = {} if measured is None else measured
+    total = 0.0
+    for inst, prompts in units:
+        if not prompts:
+            continue
+        n_tok = sum(max_tokens or p.max_tokens for p in prompts) * repeat
+        n_prompt = sum(len(p.text or " ".join(c for _, c in p.messages)) // 4 for p in prompts) * repeat
+        c = unit_costs(inst, run_dir, n_prompt / len(prompts) / repeat + n_tok / len(prompts) / repeat / 2, measured)
+        plain_tok = c.target_ms[0]
+        g = inst.gamma
+        per_tok = plain_tok if inst.baseline or inst.adaptive else c.step_ms(g, ALPHA_GUESS) / expected_tokens(
+            ALPHA_GUESS, g)
+        runs = 1 + (paired and not inst.baseline)
+        total += n_tok * (per_tok + (runs - 1) * plain_tok) + n_prompt * plain_tok * PROMPT_EVAL_SHARE * (runs + (
+            0 if inst.baseline else 1)) + LOAD_S * 1000
+    return total / 1000

@@ -1,0 +1,62 @@
+"""The cost model against the measurements: predicted speedup per row, the recommended gamma, adaptive gamma
+against the best fixed one."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+
+def _costs_for(r: dict, run_dir: Path):
+    from dataclasses import replace
+
+    from harness.calibrate import costs_at
+    from harness.engine import EngineConfig
+    from harness.pair import parse_ngram
+    draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
+    # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
+    costs = costs_at(run_dir / "calibration", r["target"], draft, EngineConfig(threads=r["threads"]).resolved_threads(),
+                     r["ngl"], r["ngl_draft"], r["context"], r["overhead_ms_per_call"] or 0.0)
+    if costs is None or not r["ref_tokens_per_ms"]:
+        return costs
+    # the calibration gives the curve's shape; its level comes from the row's plain reference, measured on
+    # the real prompts (filler text at an interpolated context misjudges long prompts)
+    level = 1 / r["ref_tokens_per_ms"] / costs.target_ms[0]
+    return replace(costs, target_ms=[x * level for x in costs.target_ms])
+
+
+def cost_model(sweep: pl.DataFrame, run_dir: Path) -> dict[str, pl.DataFrame]:
+    """Predicted speedup from calibrated costs and measured alpha against the measured one, per speculative row;
+    the gamma the model recommends per (category, policy, draft); adaptive gamma against the best fixed one."""
+    from harness.costmodel import best_gamma, predicted_speedup
+    rows, best = [], {}
+    spec = sweep.filter((pl.col("draft") != "none") & pl.col("alpha").is_not_null())
+    for r in spec.sort(["category", "policy", "draft", "gamma"]).iter_rows(named=True):
+        costs = _costs_for(r, run_dir)
+        if costs is None or r["gamma"] + 1 > len(costs.target_ms):
+            continue
+        pred = None if r["adaptive"] else predicted_speedup(r["alpha"], r["gamma"], costs)
+        rows.append({k: r[k] for k in ("category", "policy", "draft", "gamma", "gamma_label", "adaptive", "alpha",
+                                       "speedup", "tokens_per_call_rse")}
+                    | {"predicted": pred, "error": pred / r["speedup"] - 1 if pred and r["speedup"] else None})
+        if not r["adaptive"]:
+            best.setdefault((r["category"], r["policy"], r["draft"]), (r["alpha"], costs))
+    if not rows:
+        return {}
+    rec = [{"category": c, "policy": p, "draft": d, "gamma": best_gamma(a, costs, max(len(costs.target_ms) - 1, 1))}
+           for (c, p, d), (a, costs) in best.items()]
+    auto_rows = []  # an adaptive run that chose plain decoding throughout has no alpha: it still counts here
+    for (cat, pol, draft), g in sweep.filter(pl.col("draft") != "none").group_by(["category", "policy", "draft"],
+                                                                                maintain_order=True):
+        auto, fixed = g.filter(pl.col("adaptive")), g.filter(~pl.col("adaptive"))
+        if not len(auto) or not len(fixed):
+            continue
+        bar = max(fixed["speedup"].max() or 0.0, 1.0)
+        got = auto["speedup"][0]
+        auto_rows.append({"category": cat, "policy": pol, "draft": draft, "auto": got,
+                          "best_fixed": fixed["speedup"].max(), "ratio": got / bar, "within_5pct": got >= 0.95 * bar})
+    out = {"cost_model": pl.DataFrame(rows, infer_schema_length=None),
+           "recommended": pl.DataFrame(rec, infer_schema_length=None)}
+    if auto_rows:
+        out["adaptive"] = pl.DataFrame(auto_rows, infer_schema_length=None)
+    return out

@@ -1,0 +1,34 @@
+"""Formatting of figures for the Markdown report."""
+from __future__ import annotations
+
+from tabulate import tabulate
+
+
+def f(v, spec: str = ".2f") -> str:
+    return "" if v is None else format(v, spec)
+
+
+def mib(v) -> str:
+    return "" if v is None else f"{v / 2**20:.0f} MiB"
+
+
+def table(rows: list[list], headers: list[str]) -> str:
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def ci(x, lo, hi, spec: str = ".2f", unit: str = "") -> str:
+    """'1.04x [0.93, 1.16]'; the figure alone when there is no interval."""
+    if x is None:
+        return ""
+    if lo is None or hi is None:
+        return f"{x:{spec}}{unit}"
+    return f"{x:{spec}}{unit} [{lo:{spec}}, {hi:{spec}}]"
+
+
+def pct_ci(x, lo, hi) -> str:
+    """'71% [63, 79]'."""
+    if x is None:
+        return ""
+    if lo is None or hi is None:
+        return f"{x:.0%}"
+    return f"{x:.0%} [{lo * 100:.0f}, {hi * 100:.0f}]"

@@ -1,0 +1,223 @@
+"""The report's detail sections, after the verdicts: per category, noise and drift, cost model, quantization,
+memory, output equivalence, plots."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import polars as pl
+
+from harness.report.fmt import ci, f, mib, pct_ci, table
+
+
+def drift(sweep: pl.DataFrame) -> list[str]:
+    if "drift" not in sweep.columns:
+        return []
+    base = sweep.filter((pl.col("draft") == "none") & pl.col("drift").is_not_null())
+    if not len(base):
+        return []
+    rng = sweep.filter(pl.col("paired_tokens_per_s").is_not_null()).group_by(["category", "policy"]).agg(
+        pl.col("paired_tokens_per_s").min().alias("lo"), pl.col("paired_tokens_per_s").max().alias("hi"))
+    base = base.join(rng, on=["category", "policy"], how="left")
+    paired = base["lo"].is_not_null().any()
+    rows = [[r["category"], r["policy"], f(r["base_tokens_per_s"], ".2f"), f(r["base_end_tokens_per_s"], ".2f"),
+             f(r["drift"], ".3f")] + ([f"{f(r['lo'], '.2f')}-{f(r['hi'], '.2f')}"] if paired else [])
+            for r in base.iter_rows(named=True)]
+    worst = max(abs(d - 1) for d in base["drift"])
+    text = ("The plain baselines ran again after every other configuration; the two differ by up to "
+            f"{worst:.1%} here. ")
+    if paired:
+        text += ("Speedups are against the plain runs paired with each configuration in its worker, so this "
+                 "drift is not in them; the last column is the range of those paired plain speeds over the run.")
+    else:
+        text += ("Speedups are against the plain baselines at the start, and their intervals do not hold this "
+                 "drift: a speedup within it of 1.00x may be the machine's doing (rerun with --paired, as every "
+                 "profile does).")
+    return ["## Drift", "", text, "",
+            table(rows, ["category", "policy", "plain tok/s (start)", "plain tok/s (end)", "end / start"]
+                   + (["paired plain tok/s (range)"] if paired else [])), ""]
+
+
+def break_even(r: dict) -> str:
+    if r["adaptive"]:
+        return "n/a (adaptive)"
+    return "unreachable" if r["break_even_rate"] is None else f"{r['break_even_rate']:.0%}"
+
+
+def cost_model(data: dict[str, pl.DataFrame]) -> list[str]:
+    cm = data.get("cost_model")
+    if cm is None or not len(cm):
+        return []
+    rows = [[r["category"], r["policy"], r["draft"], r["gamma_label"], f(r["alpha"], ".3f"),
+             f(r["predicted"]) + ("x" if r["predicted"] is not None else ""), f(r["speedup"]) + "x",
+             f(r["error"], "+.0%"), "" if r["tokens_per_call_rse"] is None else f"±{r['tokens_per_call_rse']:.0%}"]
+            for r in cm.iter_rows(named=True)]
+    rec = [[r["category"], r["policy"], r["draft"], r["gamma"] or "0 (plain)"]
+           for r in data["recommended"].iter_rows(named=True)]
+    auto = data.get("adaptive")
+    auto_rows = [[r["category"], r["policy"], r["draft"], f(r["auto"]) + "x", f(r["best_fixed"]) + "x",
+                  f(r["ratio"], ".2f"), "yes" if r["within_5pct"] else "NO"]
+                 for r in (auto.iter_rows(named=True) if auto is not None else [])]
+    return ["## Cost model", "",
+            "Predicted speedup = E * T_target(1) / (gamma * T_draft(1) + T_verify(gamma+1) + overhead), "
+            "E = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023), with the decode costs calibrated "
+            "in this run (`calibration/`, interpolated to the row's mean context length, scaled so that T_target(1) "
+            "is the same category's measured plain decode), this row's measured alpha and per-step overhead. "
+            "s.e. is the relative standard error of the row's measured tokens per target call, from its "
+            "step-to-step spread: how far the acceptance draws of a short run move the measured speedup on their "
+            "own (the prediction uses alpha, which under sampling is an expectation and steadier; under greedy the "
+            "same draws set both); an error within about two of them is sampling noise.",
+            "", table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error",
+                              "s.e."]), "",
+            "Recommended gamma (the cost model's best at the measured alpha; 0 = plain decoding):", "",
+            table(rec, ["category", "policy", "draft", "gamma"]), ""] + ([
+            "Adaptive gamma against the better of the best fixed gamma and plain decoding (speedup 1.00x), same "
+            "run; the goal is to be within 5% of it:", "",
+            table(auto_rows, ["category", "policy", "draft", "auto", "best fixed", "auto / max(best fixed, plain)",
+                               "within 5%"]), ""] if auto_rows else [])
+
+
+PLOTS = {"gamma.png": "Acceptance and tokens/s against gamma", "cost_model.png": "Predicted against measured speedup",
+         "calibration.png": "Decode cost against tokens per call"}
+
+
+def plots(run_dir: Path, md_dir: Path) -> list[str]:
+    """Links to the plots the run holds (write_reports draws them when matplotlib is there), so that --check
+    neither draws nor depends on matplotlib."""
+    out = run_dir / "plots"
+    made = [name for name in PLOTS if (out / name).exists()]
+    if not made:
+        return ["Plots: install the plotting extra (`pip install '.[plot]'`) and rerun `harness report`.", ""]
+    rel = Path(os.path.relpath(out.resolve(), md_dir.resolve()))
+    return ["## Plots", ""] + [f"![{PLOTS[n]}]({(rel / n).as_posix()})\n" for n in made]
+
+
+def quantization(sweep: pl.DataFrame) -> list[str]:
+    spec = sweep.filter(pl.col("draft") != "none")
+    if not len(spec):
+        return []
+    q = spec.group_by(["draft", "policy"], maintain_order=True).agg(
+        pl.col("draft_bytes").first(), pl.col("proposed").sum(), pl.col("accepted").sum(),
+        pl.col("draft_ms").sum(), pl.col("alpha").mean(), pl.col("speedup").max().alias("best_speedup"))
+    rows = [[r["draft"], r["policy"], mib(r["draft_bytes"]) if r["draft_bytes"] else "0",
+             f(r["proposed"] / r["draft_ms"] * 1000 if r["draft_ms"] else None, ".1f"), f(r["alpha"], ".3f"),
+             f(r["accepted"] / r["proposed"] if r["proposed"] else None, ".1%"), f(r["best_speedup"]) + "x"]
+            for r in q.iter_rows(named=True)]
+    return ["## Draft quantization", "",
+            "Per draft over every gamma and category. Draft tok/s = proposed tokens per second of drafting. "
+            "A requantized draft can never be better than its source.", "",
+            table(rows, ["draft", "policy", "bytes", "draft tok/s", "alpha", "acceptance", "best speedup"]), ""]
+
+
+def memory(sweep: pl.DataFrame) -> list[str]:
+    m = sweep.group_by("config", maintain_order=True).agg(
+        pl.col("draft", "gamma_label", "policy", "peak_rss_bytes", "target_bytes", "draft_bytes", "kv_bytes").first())
+    rows = [[r["draft"], r["gamma_label"], r["policy"], mib(r["peak_rss_bytes"]),
+             mib((r["target_bytes"] or 0) + (r["draft_bytes"] or 0)), mib(r["kv_bytes"])]
+            for r in m.iter_rows(named=True)]
+    return ["## Memory", "", "Peak RSS of each configuration's worker process; model files; KV cache at n_ctx (f16).",
+            "", table(rows, ["draft", "gamma", "policy", "peak RSS", "model files", "KV cache"]), ""]
+
+
+def equivalence(eq: pl.DataFrame | None, cfg: pl.DataFrame) -> list[str]:
+    if eq is None or not len(eq):
+        return []
+    e = eq.join(cfg.select("config", "draft", "gamma", "gamma_label"), on="config")
+    rows = [[r["category"], r["draft"], r["gamma_label"], r["generations"], f(r["exact_match_pct"], ".0f") + "%",
+             r["kernel_near_ties"], r["mismatches"], r["unchecked"]]
+            for r in e.sort(["category", "draft", "gamma"]).iter_rows(named=True)]
+    return ["## Output equivalence (greedy)", "",
+            "Greedy speculative output against greedy plain decoding, token for token. At the first divergence the "
+            "worker re-evaluated the target both ways, each path replayed as it ran: one token at a time (plain) "
+            "and inside the verification block that held the position (speculative). A kernel near-tie: the two "
+            "argmaxes differ there (llama.cpp's batched and single-token kernels round differently, and the top "
+            "two logits were close). A mismatch: they agree, so the speculative output holds a token the target "
+            "does not choose, a bug to investigate. Unchecked: no plain output was at hand when the "
+            "configuration ran (a run without --paired whose baseline had not finished, or an older run).", "",
+            table(rows, ["category", "draft", "gamma", "generations", "exact match", "kernel near-ties",
+                          "mismatches", "unchecked"]), ""]
+
+
+def per_category(sweep: pl.DataFrame) -> list[str]:
+    """Three narrow tables per category: acceptance, speed, and where steps spend their time and stop."""
+    lines = ["## Per category", "",
+             "Every row states its draft, gamma and sampling policy; [a, b] is the row's 95% confidence interval "
+             "(bootstrap over prompts and steps; one prompt: over steps only).", ""]
+    for (cat,), g in sweep.group_by("category", maintain_order=True):
+        g = g.sort([pl.col("policy") != "greedy", "policy", "draft", "gamma"])
+        acc, speed, steps = [], [], []
+        for r in g.iter_rows(named=True):
+            key = [r["draft"], r["gamma_label"], r["policy"]]
+            if r["draft"] == "none":
+                speed.append(key + ["", f(r["tokens_per_s"], ".1f"), "", "", "", f(r["latency_ms"], ".0f")])
+                continue
+            acc.append(key + [r["proposed"], r["accepted"],
+                              pct_ci(r["acceptance_rate"], r.get("acceptance_rate_lo"), r.get("acceptance_rate_hi")),
+                              ci(r["mean_accepted_len"], r.get("mean_accepted_len_lo"), r.get("mean_accepted_len_hi")),
+                              ci(r["alpha"], r.get("alpha_lo"), r.get("alpha_hi"), ".3f"), f(r["tokens_per_call"])])
+            speed.append(key + [r.get("prompts") or "", f(r["tokens_per_s"], ".1f"), f(r["ref_tokens_per_s"], ".1f"),
+                                ci(r["speedup"], r.get("speedup_lo"), r.get("speedup_hi"), unit="x"), break_even(r),
+                                f(r["latency_ms"], ".0f")])
+            steps.append(key + [f(r["draft_ms_per_step"], ".1f"), f(r["verify_ms_per_call"], ".1f"),
+                                f(r["overhead_ms_per_call"], ".2f"), r.get("pos_accept_prob") or "",
+                                r.get("rejected_at_steps") or "", r.get("target_conf_accept_prob") or ""])
+        lines += [f"### {cat}", ""]
+        if acc:
+            lines += [table(acc, ["draft", "gamma", "policy", "proposed", "accepted", "acceptance", "accepted/step",
+                                  "alpha", "tokens/call"]), ""]
+        lines += [table(speed, ["draft", "gamma", "policy", "prompts", "tok/s", "plain tok/s", "speedup",
+                                "break-even", "latency ms"]), ""]
+        if steps:
+            lines += [table(steps, ["draft", "gamma", "policy", "draft ms/step", "verify ms/call",
+                                    "overhead ms/call", "per-position", "rejections", "by target confidence"]), ""]
+    return lines
+
+
+def noise(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
+    """Foreign load per configuration and the spread of the plain speeds it was compared with."""
+    nz = data.get("noise")
+    if nz is None or not len(nz) or "foreign_max" not in nz.columns:
+        return []
+    cfg = data["configs"]
+    n = nz.join(cfg.select("config", "draft", "gamma_label", "policy"), on="config", how="left")
+    paired = "plain_vs_run" in n.columns
+    rows = [[r["draft"], r["gamma_label"], r["policy"], f(r["foreign_mean"], ".1%"), f(r["foreign_max"], ".1%"),
+             f(r["load1"], ".2f")]
+            + ([ci(r["plain_vs_run"], r["plain_vs_run_min"], r["plain_vs_run_max"])] if paired else [])
+            + ["BUSY" if r["busy"] else ""]
+            for r in n.iter_rows(named=True) if r["foreign_max"] is not None]
+    idle = plan.get("idle_check") or {}
+    lines = ["## Machine noise", "",
+             "Other processes' share of all cores while each configuration ran (mean, and the worst second), sampled "
+             "every second from the machine's CPU counters less this benchmark's own; the 1-minute load average at "
+             "its end; in a paired run, how fast its plain twins ran against the same prompts' plain twins over the "
+             "whole run (median ratio [lowest, highest]): below 1, it ran in a slow spell. A "
+             f"configuration is busy when any second passed the threshold ({f(idle.get('threshold'), '.0%')} of the "
+             "cores): llama.cpp's spinning threads make even a little foreign load cost a lot, so no verdict rests "
+             "on a busy one."]
+    if idle:
+        lines[-1] += (f" Before the sweep: {f(idle.get('foreign'), '.1%')} of {idle.get('cores')} cores"
+                      + (" (busy; run with --allow-busy)" if idle.get("busy") else "") + ".")
+    return lines + ["", table(rows, ["draft", "gamma", "policy", "foreign load", "worst second", "load avg"]
+                              + (["plain speed vs run"] if paired else []) + ["busy"]), ""]
+
+
+def until_confident(plan: dict, verdicts: pl.DataFrame | None) -> list[str]:
+    """What --until-confident added, why it stopped, and which verdicts it left open."""
+    uc = plan.get("until_confident")
+    if not uc:
+        return []
+    rounds = plan.get("rounds") or [plan["prompt_ids"]]
+    why = {"settled": "every verdict settled", "budget": f"the budget ({uc.get('budget_min')} min) was spent",
+           "prompts": "no category with an open verdict had prompts left",
+           "interrupted": "it was interrupted"}.get(uc.get("stopped"), uc.get("stopped") or "still running")
+    lines = ["## Evidence until settled", "",
+             f"`--until-confident` ran {len(rounds) - 1} round(s) after the first, each adding the next prompt of "
+             f"every category whose verdict was still inconclusive; it stopped because {why}."]
+    if uc.get("exhausted"):
+        lines[-1] += f" Out of prompts: {', '.join(uc['exhausted'])}."
+    open_ = [] if verdicts is None or not len(verdicts) else [
+        f"{r['category']} ({r['policy']})" for r in verdicts.iter_rows(named=True) if r["verdict"] == "inconclusive"]
+    if open_:
+        lines[-1] += f" Left open: {', '.join(open_)}."
+    return lines + [""]

@@ -1,0 +1,70 @@
+"""The answer per category: the verdict of each (target, offload, threads, policy, category) group from its rows'
+intervals, and the machine noise those rows were measured under."""
+from __future__ import annotations
+
+import polars as pl
+
+from harness.analysis.verdict import Evidence, decide
+
+GROUP = ["target", "policy", "ngl", "threads", "category"]
+# what a verdict line carries of the configuration it names
+CHOSEN = ("config", "draft", "gamma_label", "speedup", "prompts", "tokens_per_s", "acceptance_rate", "proposed",
+          "adaptive", "draft_ms", "verify_ms", "overhead_ms", "verify_ms_per_call", "ref_tokens_per_ms",
+          "break_even_rate")
+
+
+def noise_frame(units: dict[str, dict], p_gens: pl.DataFrame, cfg: pl.DataFrame) -> pl.DataFrame:
+    """Per configuration: foreign load while its units ran (mean, worst second, load average), busy or not, and,
+    in a paired run, how fast its plain twins ran against the same prompts' plain twins across the whole run
+    (median ratio and range): a configuration measured in a slow or fast spell shows here."""
+    rows: dict[str, dict] = {}
+    for r in units.values():
+        c = r.get("config")
+        if c is None:
+            continue
+        x = rows.setdefault(c, {"config": c, "foreign_mean": 0.0, "foreign_max": 0.0, "load1": None, "busy": False,
+                                "seconds": 0.0})
+        n = r.get("samples") or 0
+        x["foreign_mean"] = (x["foreign_mean"] * x["seconds"] + r["foreign_mean"] * n) / max(x["seconds"] + n, 1)
+        x["seconds"] += n
+        x["foreign_max"] = max(x["foreign_max"], r["foreign_max"])
+        x["load1"] = max(x["load1"] or 0.0, r.get("load1") or 0.0)
+        x["busy"] = x["busy"] or bool(r["busy"])
+    schema = {"config": pl.String, "foreign_mean": pl.Float64, "foreign_max": pl.Float64, "load1": pl.Float64,
+              "busy": pl.Boolean, "seconds": pl.Float64}
+    frame = cfg.select("config").join(pl.DataFrame(list(rows.values()), schema=schema), on="config", how="left")
+    if len(p_gens):
+        g = p_gens.join(cfg.select("config", "policy"), on="config").with_columns(
+            (pl.col("tokens_per_s") / pl.col("tokens_per_s").median().over("prompt_id", "repeat", "policy"))
+            .alias("ratio"))
+        spread = g.group_by("config").agg(pl.col("ratio").median().alias("plain_vs_run"),
+                                          pl.col("ratio").min().alias("plain_vs_run_min"),
+                                          pl.col("ratio").max().alias("plain_vs_run_max"))
+        frame = frame.join(spread, on="config", how="left")
+    return frame
+
+
+def verdicts(sweep: pl.DataFrame, noise: pl.DataFrame) -> pl.DataFrame:
+    """One line per group: its verdict and the configuration and interval it names."""
+    busy = {r["config"] for r in noise.iter_rows(named=True) if r["busy"]}
+    rows = []
+    for key, g in sweep.group_by(GROUP, maintain_order=True):
+        spec = g.filter(pl.col("draft") != "none")
+        base = g.filter(pl.col("draft") == "none")
+        if not len(spec):
+            continue
+        base_busy = any(c in busy for c in base["config"])
+        ev = [Evidence(r["config"], r["speedup"], r["speedup_se"], r["prompts"] or 0, r["config"] in busy or base_busy)
+              for r in spec.iter_rows(named=True)]
+        v = decide(ev)
+        chosen = spec.filter(pl.col("config") == v.chosen.config).row(0, named=True) if v.chosen else {}
+        rows.append(dict(zip(GROUP, key)) | {
+            "verdict": v.kind, "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted, "k": v.k, "further": v.further,
+            "why": v.why, "plain_tokens_per_s": chosen.get("ref_tokens_per_s")}
+            | {k: chosen.get(k) for k in CHOSEN})
+    from harness.prompts import CATEGORIES
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    return pl.DataFrame(rows, infer_schema_length=None).with_columns(
+        (pl.col("policy") != "greedy").alias("_sampled"),
+        pl.col("category").replace_strict(order, default=len(order), return_dtype=pl.Int64).alias("_cat")).sort(
+        ["target", "ngl", "threads", "_sampled", "policy", "_cat", "category"]).drop("_sampled", "_cat")
