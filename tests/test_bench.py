@@ -212,6 +212,16 @@ def test_report_exports(smoke_run):
     assert r.returncode == 0, r.stderr
     for ext in ("csv", "json", "parquet"):
         assert (smoke_run / f"metrics.{ext}").stat().st_size > 0
+        assert (smoke_run / f"verdicts.{ext}").stat().st_size > 0
+    import polars as pl
+    m = pl.read_parquet(smoke_run / "metrics.parquet")
+    for col in ("speedup_lo", "speedup_hi", "acceptance_rate_lo", "mean_accepted_len_hi", "alpha_lo", "prompts"):
+        assert col in m.columns
+    spec = m.filter(pl.col("draft") != "none")
+    assert (spec["speedup_lo"] <= spec["speedup"]).all() and (spec["speedup"] <= spec["speedup_hi"]).all()
+    v = pl.read_csv(smoke_run / "verdicts.csv")
+    assert set(v["verdict"]) <= {"speculate", "plain decoding", "inconclusive", "unreliable (busy machine)"}
+    assert len(v) == 12  # six categories x two policies
 
 
 def test_resume_runs_only_what_is_missing(smoke_run):

@@ -4,7 +4,7 @@ import pytest
 
 from harness.costmodel import AdaptiveGamma, Costs, best_gamma, expected_tokens, predicted_speedup
 from harness.errors import HarnessError
-from harness.analysis.verdict import break_even_rate, decide
+from harness.analysis.verdict import break_even_rate
 
 
 def test_expected_tokens_known_values():
@@ -216,8 +216,6 @@ def test_break_even_rate():
     assert break_even_rate(90, 30, 4) == pytest.approx(0.5)
     assert break_even_rate(200, 30, 4) is None  # even 100% cannot pay for it
     assert break_even_rate(20, 30, 2) == 0.0
-    assert decide(0.05 / 0.04) == "speculate" and decide(0.03 / 0.04) == "plain decoding"
-    assert decide(None) == "no data"
 
 
 def test_draft_step_counts_the_bonus_catch_up_when_all_are_accepted():

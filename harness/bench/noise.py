@@ -27,38 +27,29 @@ def _busy_cpu() -> float:
 
 
 class Meter:
-    """CPU seconds used by this process, the worker it is told of, and their reaped children."""
+    """CPU seconds used by this process and its descendants (the worker, multiprocessing's resource tracker),
+    live or reaped."""
 
     def __init__(self):
         self.me = psutil.Process()
-        self.worker: psutil.Process | None = None
-        self.worker_cpu = 0.0  # its last reading: an exited worker not yet reaped cannot be read
-        self.reaped_before = self._reaped()
+        self.watched: list[psutil.Process] = []
 
-    def _reaped(self) -> float:
-        t = self.me.cpu_times()
-        return t.children_user + t.children_system
-
-    def watch(self, pid: int | None) -> None:
-        self.reaped_before = self._reaped()
-        self.worker_cpu = 0.0
-        try:
-            self.worker = psutil.Process(pid) if pid else None
-        except psutil.Error:
-            self.worker = None
+    def watch(self, pid: int | None = None) -> None:
+        """Take note of this process's descendants (one scan of the process table, once per worker)."""
+        self.watched = self.me.children(recursive=True)
 
     def own(self) -> float:
-        if self.worker is not None:
+        total = 0.0
+        for p in list(self.watched):
             try:
-                w = self.worker.cpu_times()
-                self.worker_cpu = w.user + w.system
+                t = p.cpu_times()  # a zombie still reads; a reaped one is gone, its time in children_* below
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                self.watched.remove(p)
             except psutil.Error:
                 pass
         t = self.me.cpu_times()
-        reaped = t.children_user + t.children_system
-        if reaped > self.reaped_before:  # the worker was reaped: its time is in children_* now
-            self.worker, self.worker_cpu, self.reaped_before = None, 0.0, reaped
-        return t.user + t.system + reaped + self.worker_cpu
+        return total + t.user + t.system + t.children_user + t.children_system
 
     def reading(self) -> tuple[float, float, float]:
         return time.monotonic(), _busy_cpu(), self.own()
@@ -122,14 +113,13 @@ class Sampler:
         self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
-        last = self.meter.reading()
+        marks = [self.meter.reading()]
         while not self._stop.wait(SAMPLE_S):
-            now = self.meter.reading()
-            self.shares.append(foreign_share(last, now, self.cores))
-            last = now
-        now = self.meter.reading()
-        if now[0] - last[0] > 0.2 * SAMPLE_S:  # the tail, unless too short to resolve 10 ms ticks
-            self.shares.append(foreign_share(last, now, self.cores))
+            marks.append(self.meter.reading())
+        marks.append(self.meter.reading())
+        if len(marks) > 2 and marks[-1][0] - marks[-2][0] < SAMPLE_S:
+            del marks[-2]  # a short tail joins the window before it: 10 ms clock ticks need a second to resolve
+        self.shares = [foreign_share(a, b, self.cores) for a, b in zip(marks, marks[1:])]
 
     def __enter__(self) -> "Sampler":
         self.shares = []

@@ -139,9 +139,15 @@ def _until_confident(instances: list[Instance], skipped: dict, pool: list, round
     those categories have no prompts left; the plan records each round before it runs and the outcome after."""
     from harness.report.tables import compute
     used = {i for r in rounds for i in r}
-    exhausted: set[str] = set(plan.get("until_confident", {}).get("exhausted", []))
+    uc = plan.get("until_confident") or {}
+    exhausted: set[str] = set(uc.get("exhausted", []))
+    history = uc.get("history", [])
     while True:
-        open_ = open_categories(compute(run_dir).get("verdicts"))
+        v = compute(run_dir).get("verdicts")
+        open_ = open_categories(v)
+        now = [] if v is None else [[r["category"], r["policy"], r["verdict"]] for r in v.iter_rows(named=True)]
+        history = [h for h in history if h["round"] < len(rounds) - 1] + [
+            {"round": len(rounds) - 1, "spent_s": round(spent_s(run_dir), 1), "verdicts": now}]
         add, out = next_round(open_, pool, used)
         exhausted |= set(out)
         if not open_:
@@ -161,11 +167,11 @@ def _until_confident(instances: list[Instance], skipped: dict, pool: list, round
         rounds.append([p.id for p in add])
         used |= set(rounds[-1])
         plan |= {"rounds": rounds, "until_confident": {"budget_min": params.budget_min, "stopped": None,
-                                                        "exhausted": sorted(exhausted)}}
+                                                        "exhausted": sorted(exhausted), "history": history}}
         write_plan(run_dir, plan)
         _run_units(units, params, run_dir)
     plan |= {"rounds": rounds, "until_confident": {"budget_min": params.budget_min, "stopped": stopped,
-                                                    "exhausted": sorted(exhausted)}}
+                                                    "exhausted": sorted(exhausted), "history": history}}
     write_plan(run_dir, plan)
     click.echo(f"--until-confident: {stopped} after {len(rounds)} round(s)", err=True)
 

@@ -53,18 +53,21 @@ def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> P
 
 
 def export(data: dict[str, pl.DataFrame], run_dir: Path, fmt: str) -> Path:
-    sweep = data.get("sweep", pl.DataFrame())
-    flat = sweep.select([c for c in sweep.columns if sweep[c].dtype != pl.List(pl.Int64)]) if len(sweep) else sweep
-    path = run_dir / f"metrics.{fmt}"
-    if fmt == "csv":
-        flat.write_csv(path)
-    elif fmt == "json":
-        path.write_text(json.dumps(flat.to_dicts(), indent=1, default=str))
-    elif fmt == "parquet":
-        flat.write_parquet(path)
-    else:
+    """metrics.FMT (a row per configuration x category, intervals included) and verdicts.FMT (a row per
+    category, policy and target) in the run directory."""
+    if fmt not in ("csv", "json", "parquet"):
         raise HarnessError(f"unknown report format '{fmt}' (md, csv, json, parquet)")
-    return path
+    for name, key in (("metrics", "sweep"), ("verdicts", "verdicts")):
+        frame = data.get(key, pl.DataFrame())
+        flat = frame.select([c for c in frame.columns if not isinstance(frame[c].dtype, pl.List)])
+        path = run_dir / f"{name}.{fmt}"
+        if fmt == "csv":
+            flat.write_csv(path)
+        elif fmt == "json":
+            path.write_text(json.dumps(flat.to_dicts(), indent=1, default=str))
+        else:
+            flat.write_parquet(path)
+    return run_dir / f"metrics.{fmt}"
 
 
 def check(run_dir: Path) -> list[str]:

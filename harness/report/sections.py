@@ -220,4 +220,16 @@ def until_confident(plan: dict, verdicts: pl.DataFrame | None) -> list[str]:
         f"{r['category']} ({r['policy']})" for r in verdicts.iter_rows(named=True) if r["verdict"] == "inconclusive"]
     if open_:
         lines[-1] += f" Left open: {', '.join(open_)}."
+    hist = uc.get("history") or []
+    if len(hist) > 1:
+        after = {}
+        for h in hist:
+            for cat, pol, v in h["verdicts"]:
+                after.setdefault((cat, pol), {})[h["round"]] = v
+        rounds_ = [h["round"] for h in hist]
+        rows = [[cat, pol] + [by.get(k, "") for k in rounds_] for (cat, pol), by in after.items()]
+        lines += ["", "Verdicts after each round (prompts per category: 1 more per round where still open; the "
+                  "workers' time spent so far in the header):", "",
+                  table(rows, ["category", "policy"] + [f"round {h['round']} ({h['spent_s'] / 60:.0f} min)"
+                                                        for h in hist])]
     return lines + [""]

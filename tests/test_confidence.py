@@ -1,0 +1,108 @@
+"""Verdicts you can trust, end to end: the busy-machine guard against a real competing load, and evidence added
+until verdicts settle (--until-confident) with its budget, its running out of prompts, and --resume."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_bench import harness, one_line_error
+
+T = "smollm2-135m-instruct-q4_1"
+QUICK = ["--target", T, "--draft", "ngram:2", "--gamma", "2", "--max-tokens", "6", "--threads", "1"]
+
+
+def only_run(out):
+    return next(d for d in (out / "runs").iterdir() if not d.is_symlink())
+
+
+@pytest.fixture
+def spinner():
+    """Another process spinning on one core, as long as the test runs."""
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    time.sleep(1.0)
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_a_busy_machine_is_refused_and_with_allow_busy_marked_unreliable(tmp_path, smol, spinner):
+    args = [*QUICK, "--categories", "code", "--per-category", "1", "--out", str(tmp_path / "r")]
+    r = harness("bench", *args)
+    one_line_error(r, "busy", "--allow-busy", f"pid {spinner.pid}")
+    assert not (tmp_path / "r" / "runs").exists() or not any((tmp_path / "r" / "runs").glob("2*"))
+    r = harness("bench", *args, "--allow-busy")
+    assert r.returncode == 0, r.stderr
+    assert "BUSY" in r.stderr
+    run = only_run(tmp_path / "r")
+    noise = [json.loads(x) for x in (run / "noise.jsonl").read_text().splitlines()]
+    assert noise[0]["unit"] == "idle-check" and noise[0]["busy"] and noise[0]["foreign"] > 0.3
+    units = [n for n in noise if n.get("config")]
+    assert units and all(n["busy"] and n["foreign_max"] > 0.3 for n in units)
+    md = (tmp_path / "r" / f"{run.name}.md").read_text()
+    verdicts = md.split("## Verdict per category", 1)[1].split("##", 1)[0]
+    assert "unreliable (busy machine)" in verdicts
+    assert "speculate" not in verdicts.split("|---")[-1] and "| plain decoding" not in verdicts
+    assert "## Machine noise" in md and "BUSY" in md.split("## Machine noise", 1)[1]
+
+
+def test_an_idle_machine_runs_without_complaint(tmp_path, smol):
+    r = harness("bench", *QUICK, "--categories", "code", "--per-category", "1", "--out", str(tmp_path / "r"))
+    assert r.returncode == 0, r.stderr
+    assert "BUSY" not in r.stderr and "estimated" in r.stderr and "took" in r.stderr.splitlines()[-1]
+    noise = [json.loads(x) for x in (only_run(tmp_path / "r") / "noise.jsonl").read_text().splitlines()]
+    assert not any(n["busy"] for n in noise)
+
+
+def prompt_file(tmp_path, n):
+    f = tmp_path / "few.jsonl"
+    f.write_text("".join(json.dumps({"id": f"few-{i}", "category": "few", "max_tokens": 6,
+                                     "messages": [{"role": "user", "content": f"Count from {i} to {i + 5}."}]}) + "\n"
+                         for i in range(1, n + 1)))
+    return f
+
+
+def test_until_confident_adds_the_next_prompts_in_file_order_and_says_when_they_run_out(tmp_path, smol):
+    """Two prompts in the category: round 1 adds the second (two prompts cannot settle a verdict: t with one
+    degree of freedom), then there are none left: said in the report, not an error. --resume continues."""
+    out = tmp_path / "r"
+    r = harness("bench", *QUICK, "--prompts", str(prompt_file(tmp_path, 2)), "--per-category", "1",
+                "--until-confident", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = only_run(out)
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["rounds"] == [["few-1"], ["few-2"]]
+    assert plan["until_confident"]["stopped"] == "prompts" and plan["until_confident"]["exhausted"] == ["few"]
+    units = {json.loads(x)["unit"] for x in (run / "results.jsonl").read_text().splitlines()}
+    assert len(units) == 4 and {u.split(".r")[-1] for u in units if ".r" in u} == {"1"}
+    md = (out / f"{run.name}.md").read_text()
+    assert "## Evidence until settled" in md and "Out of prompts: few" in md
+    assert "| 2 " in md.split("## Verdict per category", 1)[1].split("##", 1)[0]  # the verdicts rest on 2 prompts
+    r = harness("bench", "--resume", str(run))
+    assert r.returncode == 0, r.stderr
+    assert "0 unit(s) to run" in r.stderr and json.loads((run / "plan.json").read_text())["rounds"] == plan["rounds"]
+    assert harness("report", str(run), "--check").returncode == 0
+
+
+def test_until_confident_stops_when_the_budget_is_spent(tmp_path, smol):
+    out = tmp_path / "r"
+    r = harness("bench", *QUICK, "--prompts", str(prompt_file(tmp_path, 4)), "--per-category", "1",
+                "--until-confident", "--budget-min", "0.01", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = only_run(out)
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["rounds"] == [["few-1"]] and plan["until_confident"]["stopped"] == "budget"
+    md = (out / f"{run.name}.md").read_text()
+    assert "the budget (0.01 min) was spent" in md and "Left open: few" in md
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--until-confident", "--budget-min", "0"], ["--budget-min", "above 0"]),
+    (["--until-confident", "--budget-min", "-5"], ["--budget-min", "above 0"]),
+    (["--budget-min", "10"], ["--budget-min", "--until-confident"]),
+    (["--busy-threshold", "0"], ["--busy-threshold", "(0, 1]"]),
+    (["--busy-threshold", "1.5"], ["--busy-threshold", "(0, 1]"]),
+])
+def test_bad_confidence_options_are_one_line(tmp_path, args, words):
+    one_line_error(harness("bench", "--target", T, *args, "--out", str(tmp_path / "r")), *words)
