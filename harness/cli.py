@@ -159,7 +159,8 @@ def check(target, draft, prompts_path, as_json):
               help="Share of all cores other processes may use before the machine counts as busy (default 0.05).")
 @click.option("--allow-busy", is_flag=True, help="Run on a busy machine anyway; its configurations are marked "
                                                  "unreliable.")
-def bench(profile, out, resume, skip_unsupported, allow_busy, **opts):
+@click.option("--rerun-busy", is_flag=True, help="With --resume: measure again what ran on a busy machine.")
+def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, **opts):
     """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
     from pathlib import Path
 
@@ -169,8 +170,11 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, **opts):
     if resume:
         if not Path(resume).is_dir():
             raise HarnessError(f"--resume {resume}: no such run directory")
-        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command_line(), allow_busy)
+        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command_line(), allow_busy,
+                  rerun_busy)
         return
+    if rerun_busy:
+        raise HarnessError("--rerun-busy measures again what a run measured on a busy machine: give --resume RUN_DIR")
     params = make_params(load_profile(profile) if profile else {}, opts)
     prompts = prompts_mod.load(params.categories or None, [Path(p) for p in params.prompts] or None,
                                params.per_category)

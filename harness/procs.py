@@ -9,22 +9,34 @@ import sys
 
 def run_isolated(target, *args, on_start=None) -> int:
     """Run target(*args) in a spawned process and wait; Ctrl-C stops the child too. Returns its exit code.
-    on_start(pid) is told the child's pid once it runs. SIGINT is held back while the child starts: an interrupt
-    in the middle of handing it its arguments would leave it to die with a traceback of its own. The child keeps
-    it blocked; the parent stops it."""
+    on_start(pid) is told the child's pid once it runs.
+
+    A Ctrl-C is held back while the child starts: one in the middle of handing it its arguments would leave it
+    to die with a traceback of its own. Blocking SIGINT in this thread is not enough, as any other thread of the
+    process (llama.cpp's OpenMP pool from an in-process decode, the noise sampler) can take the signal and
+    Python then raises in the main thread anyway; so the handler only notes it until the child has started.
+    The blocked mask is inherited: the child keeps SIGINT blocked, and the parent stops it."""
     p = mp.get_context("spawn").Process(target=target, args=args)
+    noted: list[int] = []
+    default = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
+    if default:
+        signal.signal(signal.SIGINT, lambda *_: noted.append(1))
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if default:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if noted:
+            raise KeyboardInterrupt
         if on_start:
             on_start(p.pid)
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a Ctrl-C held back during the start lands here
         p.join()
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        if p.pid is not None:
-            p.terminate()
-            p.join()
+        p.terminate()
+        p.join()
         raise
     return p.exitcode
 

@@ -105,7 +105,7 @@ def record_noise(run_dir: Path, record: dict) -> None:
     append_record(run_dir / NOISE_FILE, record)
 
 
-def noise(run_dir: Path) -> dict[str, dict]:
+def noise_records(run_dir: Path) -> dict[str, dict]:
     """The foreign load measured while each unit ran (and before the sweep, as unit "idle-check"), by unit."""
     f = run_dir / NOISE_FILE
     return {r["unit"]: r for r in read_records(f)} if f.exists() else {}

@@ -14,6 +14,10 @@ HARNESS = [sys.executable, "-m", "harness.cli"]
 
 
 def harness(*args, cwd=ROOT, env=None):
+    """`harness ARGS` in a subprocess. A bench run not about the busy-machine guard tolerates more foreign load
+    (0.25 of the cores) than the default, so that a background blip on a CI machine cannot fail it."""
+    if args and args[0] == "bench" and "--resume" not in args and "--busy-threshold" not in args:
+        args = (*args, "--busy-threshold", "0.25")
     e = os.environ | {"CI": "true"} | (env or {})
     return subprocess.run([*HARNESS, *args], cwd=cwd, env=e, capture_output=True, text=True, stdin=subprocess.DEVNULL)
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from harness.analysis.noise import summarize, unit_summary
 from tests.test_bench import harness, one_line_error
 
 T = "smollm2-135m-instruct-q4_1"
@@ -28,7 +29,8 @@ def spinner():
 
 
 def test_a_busy_machine_is_refused_and_with_allow_busy_marked_unreliable(tmp_path, smol, spinner):
-    args = [*QUICK, "--categories", "code", "--per-category", "1", "--out", str(tmp_path / "r")]
+    args = [*QUICK, "--categories", "code", "--per-category", "1", "--busy-threshold", "0.05",
+            "--out", str(tmp_path / "r")]
     r = harness("bench", *args)
     one_line_error(r, "busy", "--allow-busy", f"pid {spinner.pid}")
     assert not (tmp_path / "r" / "runs").exists() or not any((tmp_path / "r" / "runs").glob("2*"))
@@ -38,21 +40,29 @@ def test_a_busy_machine_is_refused_and_with_allow_busy_marked_unreliable(tmp_pat
     run = only_run(tmp_path / "r")
     noise = [json.loads(x) for x in (run / "noise.jsonl").read_text().splitlines()]
     assert noise[0]["unit"] == "idle-check" and noise[0]["busy"] and noise[0]["foreign"] > 0.3
-    units = [n for n in noise if n.get("config")]
+    units = [unit_summary(n) for n in noise if n.get("config")]
     assert units and all(n["busy"] and n["foreign_max"] > 0.3 for n in units)
     md = (tmp_path / "r" / f"{run.name}.md").read_text()
     verdicts = md.split("## Verdict per category", 1)[1].split("##", 1)[0]
     assert "unreliable (busy machine)" in verdicts
     assert "speculate" not in verdicts.split("|---")[-1] and "| plain decoding" not in verdicts
     assert "## Machine noise" in md and "BUSY" in md.split("## Machine noise", 1)[1]
+    spinner.kill()
+    spinner.wait()
+    r = harness("bench", "--resume", str(run), "--rerun-busy")  # the machine idle again: measure those again
+    assert r.returncode == 0, r.stderr
+    assert "measuring 2 unit(s) again" in r.stderr and "2 unit(s) to run" in r.stderr and "BUSY" not in r.stderr
+    md = (tmp_path / "r" / f"{run.name}.md").read_text()
+    assert "unreliable" not in md.split("## Verdict per category", 1)[1].split("##", 1)[0]
 
 
 def test_an_idle_machine_runs_without_complaint(tmp_path, smol):
-    r = harness("bench", *QUICK, "--categories", "code", "--per-category", "1", "--out", str(tmp_path / "r"))
+    r = harness("bench", *QUICK, "--categories", "code", "--per-category", "1", "--busy-threshold", "0.05",
+                "--out", str(tmp_path / "r"))
     assert r.returncode == 0, r.stderr
     assert "BUSY" not in r.stderr and "estimated" in r.stderr and "took" in r.stderr.splitlines()[-1]
     noise = [json.loads(x) for x in (only_run(tmp_path / "r") / "noise.jsonl").read_text().splitlines()]
-    assert not any(n["busy"] for n in noise)
+    assert not noise[0]["busy"] and not any(unit_summary(n)["busy"] for n in noise[1:])
 
 
 def prompt_file(tmp_path, n):
@@ -106,3 +116,16 @@ def test_until_confident_stops_when_the_budget_is_spent(tmp_path, smol):
 ])
 def test_bad_confidence_options_are_one_line(tmp_path, args, words):
     one_line_error(harness("bench", "--target", T, *args, "--out", str(tmp_path / "r")), *words)
+
+
+def test_busy_is_a_sustained_stretch_not_a_blip():
+    blip = [0.0] * 20 + [0.1] + [0.0] * 20  # 200 ms of one core (of two) in one second: a shell command
+    assert not summarize(blip, 0.05)["busy"] and summarize(blip, 0.05)["foreign_max"] == pytest.approx(0.01)
+    spell = [0.0] * 10 + [0.08] * 10 + [0.0] * 10  # a tenth of a core (of two) for ten seconds
+    assert summarize(spell, 0.05)["busy"]
+    assert summarize([0.2, 0.2], 0.05)["busy"] and summarize([], 0.05) == {"foreign_mean": 0.0, "foreign_max": 0.0,
+                                                                           "busy": False}
+
+
+def test_rerun_busy_needs_resume(tmp_path):
+    one_line_error(harness("bench", "--target", T, "--rerun-busy", "--out", str(tmp_path / "r")), "--resume")

@@ -136,3 +136,15 @@ def test_further_prompts_suggested_by_the_width():
     assert t_quantile(0.975, m - 1) * 0.04 * math.sqrt(5 / m) < math.log(1.06)  # settles at m...
     assert t_quantile(0.975, m - 2) * 0.04 * math.sqrt(5 / (m - 1)) >= math.log(1.06)  # ...not one earlier
     assert prompts_to_settle(1.0005, 0.05, 5) is None  # too close to 1 to settle within reach
+
+
+def test_no_speculative_row_yet_gives_no_verdict_lines():
+    """An interrupt after the baselines only: the report still renders (no verdicts to give)."""
+    import polars as pl
+
+    from harness.report.verdicts import verdicts
+    sweep = pl.DataFrame({"target": ["t"], "policy": ["greedy"], "ngl": [0], "threads": [0], "category": ["code"],
+                          "draft": ["none"], "config": ["base-1"], "speedup": [1.0], "speedup_se": [None],
+                          "prompts": [None]})
+    noise = pl.DataFrame({"config": ["base-1"], "busy": [False]})
+    assert len(verdicts(sweep, noise)) == 0

@@ -10,6 +10,7 @@ reads, so a sampler thread can take it every second while a worker measures with
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -113,6 +114,9 @@ class Sampler:
         self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
+        # Ctrl-C must reach the main thread: a signal this thread took would leave it blocked in waitpid()
+        # until the worker ended on its own
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         marks = [self.meter.reading()]
         while not self._stop.wait(SAMPLE_S):
             marks.append(self.meter.reading())
@@ -133,7 +137,7 @@ class Sampler:
         self._thread.join()
 
     def summary(self) -> dict:
-        s = self.shares or [0.0]
-        return {"foreign_mean": sum(s) / len(s), "foreign_max": max(s), "samples": len(self.shares),
-                "load1": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-                "busy": max(s) > self.threshold, "threshold": self.threshold}
+        """What noise.jsonl keeps of the unit: the per-second shares (the report derives mean, worst stretch and
+        busy from them: analysis.noise), the threshold, the load average at the end."""
+        return {"shares": [round(x, 4) for x in self.shares], "threshold": self.threshold,
+                "load1": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import click
 
+from harness.analysis.noise import WINDOW_S, unit_summary
 from harness.bench import noise
 from harness.bench.estimate import estimate_s
 from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand
-from harness.rundir import (DRIFT_DIR, RUNS_DIR, finished, new_run_dir, read_plan, record_noise, record_result,
-                            repair_results, unit_id, write_plan)
+from harness.rundir import (DRIFT_DIR, RUNS_DIR, finished, new_run_dir, noise_records, read_plan, record_noise,
+                            record_result, repair_results, unit_id, write_plan)
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
 
@@ -33,7 +34,7 @@ def prompt_pool(params: Params, categories: list[str] | None = None) -> list:
 
 
 def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
-              command: str, allow_busy: bool = False) -> Path:
+              command: str, allow_busy: bool = False, rerun_busy: bool = False) -> Path:
     from harness.report import write_reports
     started = time.monotonic()
     if resume:
@@ -64,6 +65,9 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
                 "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time(),
                 "idle_check": idle, "models": models_info({i.target for i in instances} | {i.draft for i in instances})}
         write_plan(run_dir, plan)
+    if resume:
+        plan["idle_check"] = idle  # what the report says of the machine before this invocation's measurements
+        write_plan(run_dir, plan)
     record_noise(run_dir, {"unit": "idle-check", **idle})
     if any(i.adaptive for i in instances) or params.calibrate:
         try:
@@ -74,6 +78,10 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
                 shutil.rmtree(run_dir)  # nothing ran: leave no empty run behind
             raise
     done = finished(run_dir)
+    if rerun_busy:  # measure again what ran while the machine was busy
+        busy = {u for u, rec in noise_records(run_dir).items() if rec.get("config") and unit_summary(rec)["busy"]}
+        done = {u: r for u, r in done.items() if u not in busy}
+        click.echo(f"measuring {len(busy)} unit(s) again that ran on a busy machine", err=True)
     todo: list[Unit] = []
     for r, ids in enumerate(rounds):
         for i in instances:
@@ -118,12 +126,14 @@ def _run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path 
     for k, (inst, r, prompts) in enumerate(units, 1):
         with noise.Sampler(params.busy_threshold) as sampler:
             res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch)
-        nz = sampler.summary()
+        rec = sampler.summary()
         label = f"drift/{inst.id}" if noise_to else unit_id(inst.id, r)  # the drift check feeds no verdict
-        record_noise(noise_to or run_dir, {"unit": label, "config": None if noise_to else inst.id, "round": r} | nz)
+        record_noise(noise_to or run_dir, {"unit": label, "config": None if noise_to else inst.id, "round": r} | rec)
+        nz = unit_summary(rec)
         what = "baseline" if inst.baseline else f"{inst.draft} gamma={inst.gamma_label}"
         status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
-        busy = f"; BUSY: other processes used up to {nz['foreign_max']:.0%} of the cores" if nz["busy"] else ""
+        busy = f"; BUSY: other processes used {nz['foreign_max']:.0%} of the cores over {WINDOW_S} s" \
+            if nz["busy"] else ""
         click.echo(f"[{k}/{len(units)}] round {r}: {inst.target} {what} {json.dumps(inst.policy)}: {status}{busy}",
                    err=True)
 

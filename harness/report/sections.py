@@ -188,17 +188,18 @@ def noise(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
             for r in n.iter_rows(named=True) if r["foreign_max"] is not None]
     idle = plan.get("idle_check") or {}
     lines = ["## Machine noise", "",
-             "Other processes' share of all cores while each configuration ran (mean, and the worst second), sampled "
-             "every second from the machine's CPU counters less this benchmark's own; the 1-minute load average at "
+             "Other processes' share of all cores while each configuration ran (mean, and the worst 10 seconds), "
+             "sampled every second from the machine's CPU counters less this benchmark's own; the 1-minute load "
+             "average at "
              "its end; in a paired run, how fast its plain twins ran against the same prompts' plain twins over the "
              "whole run (median ratio [lowest, highest]): below 1, it ran in a slow spell. A "
-             f"configuration is busy when any second passed the threshold ({f(idle.get('threshold'), '.0%')} of the "
-             "cores): llama.cpp's spinning threads make even a little foreign load cost a lot, so no verdict rests "
-             "on a busy one."]
+             f"configuration is busy when any 10 seconds passed the threshold ({f(idle.get('threshold'), '.0%')} of "
+             "the cores): llama.cpp's spinning threads make even a little sustained foreign load cost a lot, so no "
+             "verdict rests on a busy one."]
     if idle:
         lines[-1] += (f" Before the sweep: {f(idle.get('foreign'), '.1%')} of {idle.get('cores')} cores"
                       + (" (busy; run with --allow-busy)" if idle.get("busy") else "") + ".")
-    return lines + ["", table(rows, ["draft", "gamma", "policy", "foreign load", "worst second", "load avg"]
+    return lines + ["", table(rows, ["draft", "gamma", "policy", "foreign load", "worst 10 s", "load avg"]
                               + (["plain speed vs run"] if paired else []) + ["busy"]), ""]
 
 

@@ -10,7 +10,7 @@ from harness.analysis import metrics, verdict
 from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
 from harness.report.costs import cost_model
 from harness.report.verdicts import noise_frame, verdicts
-from harness.rundir import DRIFT_DIR, PAIRED_DIR, finished, load_records, noise, ok_units, read_plan
+from harness.rundir import DRIFT_DIR, PAIRED_DIR, finished, load_records, noise_records, ok_units, read_plan
 from harness.sampling import Policy
 
 BASE_KEYS = ["target", "policy", "ngl", "threads", "category"]
@@ -95,7 +95,7 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     sweep = sweep.join(row_intervals(steps, gens, p_steps, p_gens, cfg), on=keys, how="left")
     out["sweep"] = sweep
     out["equivalence"] = equivalence(gens, metrics.frame(records, "divergence"), cfg)
-    out["noise"] = noise_frame(noise(run_dir), p_gens, cfg)
+    out["noise"] = noise_frame(noise_records(run_dir), p_gens, cfg)
     out["verdicts"] = verdicts(sweep, out["noise"])
     out |= cost_model(sweep, run_dir)
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from harness.analysis.noise import unit_summary
 from harness.analysis.verdict import Evidence, decide
 
 GROUP = ["target", "policy", "ngl", "threads", "category"]
@@ -24,12 +25,13 @@ def noise_frame(units: dict[str, dict], p_gens: pl.DataFrame, cfg: pl.DataFrame)
             continue
         x = rows.setdefault(c, {"config": c, "foreign_mean": 0.0, "foreign_max": 0.0, "load1": None, "busy": False,
                                 "seconds": 0.0})
-        n = r.get("samples") or 0
-        x["foreign_mean"] = (x["foreign_mean"] * x["seconds"] + r["foreign_mean"] * n) / max(x["seconds"] + n, 1)
+        u = unit_summary(r)
+        n = len(r["shares"]) if "shares" in r else r.get("samples") or 0
+        x["foreign_mean"] = (x["foreign_mean"] * x["seconds"] + u["foreign_mean"] * n) / max(x["seconds"] + n, 1)
         x["seconds"] += n
-        x["foreign_max"] = max(x["foreign_max"], r["foreign_max"])
+        x["foreign_max"] = max(x["foreign_max"], u["foreign_max"])
         x["load1"] = max(x["load1"] or 0.0, r.get("load1") or 0.0)
-        x["busy"] = x["busy"] or bool(r["busy"])
+        x["busy"] = x["busy"] or u["busy"]
     schema = {"config": pl.String, "foreign_mean": pl.Float64, "foreign_max": pl.Float64, "load1": pl.Float64,
               "busy": pl.Boolean, "seconds": pl.Float64}
     frame = cfg.select("config").join(pl.DataFrame(list(rows.values()), schema=schema), on="config", how="left")
@@ -62,6 +64,8 @@ def verdicts(sweep: pl.DataFrame, noise: pl.DataFrame) -> pl.DataFrame:
             "verdict": v.kind, "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted, "k": v.k, "further": v.further,
             "why": v.why, "plain_tokens_per_s": chosen.get("ref_tokens_per_s")}
             | {k: chosen.get(k) for k in CHOSEN})
+    if not rows:
+        return pl.DataFrame()
     from harness.prompts import CATEGORIES
     order = {c: i for i, c in enumerate(CATEGORIES)}
     return pl.DataFrame(rows, infer_schema_length=None).with_columns(
