@@ -17,12 +17,16 @@ def table(rows: list[list], headers: list[str]) -> str:
 
 
 def ci(x, lo, hi, spec: str = ".2f", unit: str = "") -> str:
-    """'1.04x [0.93, 1.16]'; the figure alone when there is no interval."""
+    """'1.04x [0.93, 1.16]'; the figure alone when there is no interval. A speedup bound that would round to
+    1.00 gets a third decimal: which side of 1 it lies on is the verdict."""
     if x is None:
         return ""
     if lo is None or hi is None:
         return f"{x:{spec}}{unit}"
-    return f"{x:{spec}}{unit} [{lo:{spec}}, {hi:{spec}}]"
+
+    def bound(b):
+        return f"{b:.3f}" if unit == "x" and b != 1 and f"{b:{spec}}" == f"{1:{spec}}" else f"{b:{spec}}"
+    return f"{x:{spec}}{unit} [{bound(lo)}, {bound(hi)}]"
 
 
 def pct_ci(x, lo, hi) -> str:

@@ -13,7 +13,8 @@ from harness.report.fmt import ci, f, mib, pct_ci, table
 def drift(sweep: pl.DataFrame) -> list[str]:
     if "drift" not in sweep.columns:
         return []
-    base = sweep.filter((pl.col("draft") == "none") & pl.col("drift").is_not_null())
+    base = sweep.filter((pl.col("draft") == "none") & pl.col("drift").is_not_null()).sort(
+        pl.col("policy") != "greedy", "policy", maintain_order=True)
     if not len(base):
         return []
     rng = sweep.filter(pl.col("paired_tokens_per_s").is_not_null()).group_by(["category", "policy"]).agg(
@@ -190,7 +191,7 @@ def noise(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
     lines = ["## Machine noise", "",
              "Other processes' share of all cores while each configuration ran (mean, and the worst 10 seconds), "
              "sampled every second from the machine's CPU counters less this benchmark's own; the 1-minute load "
-             "average at "
+             "average (this run's threads included) at "
              "its end; in a paired run, how fast its plain twins ran against the same prompts' plain twins over the "
              "whole run (median ratio [lowest, highest]): below 1, it ran in a slow spell. A "
              f"configuration is busy when any 10 seconds passed the threshold ({f(idle.get('threshold'), '.0%')} of "
@@ -199,7 +200,7 @@ def noise(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
     if idle:
         lines[-1] += (f" Before the sweep: {f(idle.get('foreign'), '.1%')} of {idle.get('cores')} cores"
                       + (" (busy; run with --allow-busy)" if idle.get("busy") else "") + ".")
-    return lines + ["", table(rows, ["draft", "gamma", "policy", "foreign load", "worst 10 s", "load avg"]
+    return lines + ["", table(rows, ["draft", "gamma", "policy", "foreign load", "worst 10 s", "load avg (all)"]
                               + (["plain speed vs run"] if paired else []) + ["busy"]), ""]
 
 
