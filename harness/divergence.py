@@ -20,6 +20,11 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def blocks(records: list[dict]) -> list[tuple[int, int]]:
+    """A generation's steps as (proposed, emitted), from its trace records: the block sizes to replay."""
+    return [(r["proposed"], r["emitted"]) for r in records if r.get("type") == "step"]
+
+
 def margin(row: np.ndarray) -> float:
     """Top-1 minus top-2 logit: how close the target's choice was to a tie."""
     a = int(np.argmax(row))

@@ -159,6 +159,10 @@ class Instance:
     def baseline(self) -> bool:
         return self.draft == "none"
 
+    def plain(self) -> "Instance":
+        """The plain baseline of this configuration's target, policy, offload and threads."""
+        return Instance(self.target, "none", 0, self.policy, self.ngl, 0, self.threads)
+
     @property
     def id(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True)

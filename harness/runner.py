@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from harness.analysis import metrics
-from harness.divergence import kernel_check
+from harness.divergence import blocks, kernel_check
 from harness.engine import EngineConfig
 from harness.errors import HarnessError
 from harness.loop import Request, check_fits, generate
@@ -84,9 +84,7 @@ def _compare(target, req: Request, gen: dict, spec_records: list[dict], base: di
         return "equal"
     if not policy.greedy:
         return "differ (expected under sampling: equal in distribution, not token for token)"
-    steps = [r for r in spec_records if r.get("type") == "step"]
-    found = kernel_check(target, req.tokens, gen["tokens"], [(r["proposed"], r["emitted"]) for r in steps],
-                         base["tokens"])
+    found = kernel_check(target, req.tokens, gen["tokens"], blocks(spec_records), base["tokens"])
     what = {"kernel near-tie": "a kernel near-tie: the target's argmax there differs between a single-token "
                                "decode and the verification block",
             "mismatch": "a MISMATCH: the target chooses the same token both ways there; please report it",

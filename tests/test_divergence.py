@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from harness.analysis import metrics
-from harness.divergence import first_divergence, kernel_check, margin
+from harness.divergence import blocks, first_divergence, kernel_check, margin
 from harness.loop import Request, generate
 from harness.sampling import Policy
 from harness.trace import TraceWriter
@@ -18,7 +18,7 @@ def run(target, gamma=None):
     tw = TraceWriter(None, keep=True)
     prop = ScriptedProposer(len(PROMPT), SCRIPT) if gamma else None
     gen = generate(target, Request("p", PROMPT, 8), Policy(), prop, gamma or 0, tw)
-    return gen["tokens"], [(r["proposed"], r["emitted"]) for r in tw.records if r["type"] == "step"]
+    return gen["tokens"], blocks(tw.records)
 
 
 def test_a_kernel_near_tie_above_the_old_fixed_margin_is_not_a_mismatch():

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from harness.analysis import metrics
-from harness.divergence import kernel_check
+from harness.divergence import blocks, kernel_check
 from harness.engine import Engine, EngineConfig
 from harness.errors import HarnessError
 from harness.loop import Request, check_fits, generate
@@ -34,10 +34,6 @@ def requests(engine, n_tokens=32):
         toks = engine.vocab.tokenize(engine.vocab.apply_chat_template([{"role": "user", "content": text}]))
         out.append(Request(f"p{i}", toks, n_tokens))
     return out
-
-
-def blocks(records):
-    return [(r["proposed"], r["emitted"]) for r in records if r["type"] == "step"]
 
 
 def test_greedy_speculative_equals_plain_decoding_up_to_kernel_near_ties(engines):

@@ -88,7 +88,7 @@ def plain_outputs(run_dir: Path, inst: Instance, round_: int) -> dict[tuple[str,
     """(prompt id, repeat) -> tokens of the plain baseline configuration of inst's target, offload, threads and
     policy in this round, when it has finished."""
     from harness.trace import read_records
-    base = unit_id(Instance(inst.target, "none", 0, inst.policy, inst.ngl, 0, inst.threads).id, round_)
+    base = unit_id(inst.plain().id, round_)
     f = run_dir / "traces" / f"{base}.jsonl"
     if finished(run_dir).get(base, {}).get("status") != "ok" or not f.exists():
         return {}
@@ -98,10 +98,8 @@ def plain_outputs(run_dir: Path, inst: Instance, round_: int) -> dict[tuple[str,
 def record_divergence(target, prompt: list[int], spec_trace, plain: list[int]) -> None:
     """Where a greedy speculative output left plain decoding, re-evaluate the target there both ways (harness.
     divergence) and append what was found to the speculative trace."""
-    from harness.divergence import kernel_check
-    steps = [r for r in spec_trace.records if r["type"] == "step"]
-    gen = spec_trace.records[-1]
-    found = kernel_check(target, prompt, gen["tokens"], [(s["proposed"], s["emitted"]) for s in steps], plain)
+    from harness.divergence import blocks, kernel_check
+    found = kernel_check(target, prompt, spec_trace.records[-1]["tokens"], blocks(spec_trace.records), plain)
     if found is not None:
         spec_trace.write({"type": "divergence", **found})
 
