@@ -20,13 +20,30 @@ def cal_path(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> P
     return root / f"{model_name}-t{threads}-ngl{ngl}.json"
 
 
+def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int, logits: str) -> list[float]:
+    """Median ms of decoding block[:k] after n_keep cached tokens, k = 1..k_max, the k interleaved within each
+    repetition so that a slow spell of the machine does not land on one k."""
+    times: list[list[float]] = [[] for _ in range(k_max)]
+    for _ in range(reps):
+        for k in range(1, k_max + 1):
+            e.trim(n_keep)
+            t = time.perf_counter()
+            e.decode(block[:k], logits=logits)
+            times[k - 1].append((time.perf_counter() - t) * 1000)
+    e.trim(n_keep)
+    return [statistics.median(t) for t in times]
+
+
 def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, reps: int = 5) -> dict:
+    """Decode costs of k = 1..k_max tokens at each of CONTEXTS cached tokens: with all logits (a verification
+    block: the target's cost) and with the last row's only (how a draft decodes, catching up included: the
+    output projection of a 150k vocabulary is much of a small model's cost, so the two differ)."""
     if k_max < 1 or reps < 1:
         raise HarnessError("--k-max and --reps must be >= 1")
     m = resolve(model_ref)
     require_present(m)
     cfg = EngineConfig(n_ctx=CONTEXTS[-1] + k_max + 8, n_batch=512, n_gpu_layers=ngl, threads=threads)
-    by_context = []
+    by_context, last_by_context = [], []
     with Engine(m.path, cfg) as e:
         filler = e.vocab.tokenize("The quick brown fox jumps over the lazy dog. " * 120, add_special=False)
         block = filler[:k_max]
@@ -34,24 +51,35 @@ def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, r
             e.reset()
             e.decode(filler[:ctx], logits="none")
             e.decode(block[:4], logits="all")  # warm-up
-            ms = []
-            for k in range(1, k_max + 1):
-                times = []
-                for _ in range(reps):
-                    e.trim(ctx)
-                    t = time.perf_counter()
-                    e.decode(block[:k], logits="all")
-                    times.append((time.perf_counter() - t) * 1000)
-                ms.append(statistics.median(times))
-            by_context.append(ms)
+            by_context.append(time_blocks(e, ctx, block, k_max, reps, "all"))
+            last_by_context.append(time_blocks(e, ctx, block, k_max, reps, "last"))
     return {"model": m.name, "path": str(m.path), "threads": cfg.resolved_threads(), "ngl": ngl,
             "contexts": list(CONTEXTS), "k": list(range(1, k_max + 1)), "ms_by_context": by_context,
-            "ms": by_context[0], "reps": reps, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "ms_last_by_context": last_by_context, "ms": by_context[0], "reps": reps,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def at_context(cal: dict, context: float) -> list[float]:
+def in_situ(target: Engine, draft: Engine | None, tokens: list[int], k_max: int, reps: int = 3) -> dict:
+    """The decode costs a worker's rows will pay, measured in the worker seconds before them: the target's
+    verification blocks (all logits) and the draft's decodes (last logits) of k = 1..k_max tokens after
+    `tokens` (real prompt text, as long as the rows' mean context). A calibration taken minutes earlier can
+    be stale: on a 2-core VM the batched decodes slowed by 13% relative to single-token ones between the
+    run's calibration and its sweep."""
+    out = {"type": "costs", "context": len(tokens), "k": k_max}
+    for role, e, logits in (("target_ms", target, "all"), ("draft_ms", draft, "last")):
+        if e is None:
+            continue
+        e.reset()
+        e.decode(tokens, logits="none")
+        block = tokens[-k_max:] if len(tokens) >= k_max else (tokens * k_max)[:k_max]
+        out[role] = [round(x, 3) for x in time_blocks(e, len(tokens), block, k_max, reps, logits)]
+        e.reset()
+    return out
+
+
+def at_context(cal: dict, context: float, key: str = "ms_by_context") -> list[float]:
     """Decode cost of k = 1..k_max tokens with `context` tokens cached: linear between the measured contexts."""
-    xs, rows = cal["contexts"], cal["ms_by_context"]
+    xs, rows = cal["contexts"], cal[key]
     if context <= xs[0]:
         return rows[0]
     if context >= xs[-1]:
@@ -81,7 +109,9 @@ def costs_at(cal_dir: Path, target: str, draft: str | None, threads: int, ngl: i
     d = load(draft, threads, ngl_draft, cal_dir) if draft else None
     if t is None or (draft and d is None):
         return None
-    curve = at_context(d, context) if d else []
+    # a draft decodes with the last row's logits only; calibrations from before that was measured have all
+    curve = at_context(d, context, "ms_last_by_context" if "ms_last_by_context" in d else "ms_by_context") \
+        if d else []
     return Costs(at_context(t, context), curve[0] if curve else 0.0, overhead_ms, draft_curve=tuple(curve))
 
 

@@ -224,3 +224,20 @@ def test_draft_step_counts_the_bonus_catch_up_when_all_are_accepted():
     assert c.draft_step_ms(2, 0.0) == 4.0
     assert c.step_ms(2, 0.5) == 4.0 + 0.25 + 18
     assert Costs([10, 15, 18], 2.0).draft_step_ms(2, 1.0) == 4.0  # without a curve: gamma * T_draft(1)
+
+
+# the 0.5B on an AMD EPYC VM (the replay issue): batched kernels change with the batch size, so eight tokens
+# cost less than seven
+IRREGULAR = Costs(target_ms=[14.6, 36.2, 44.4, 46.6, 61.7, 69.0, 75.0, 63.1, 79.1], draft_ms=3.0,
+                  draft_curve=(3.0, 3.5, 4.0))
+
+
+def test_a_batch_size_irregular_curve_is_read_per_block_size_not_smoothed():
+    a = 0.95
+    # gamma 7 verifies a block of 8: 63.1 ms, cheaper than gamma 6's block of 7 (75.0 ms)
+    assert IRREGULAR.verify(8) == 63.1 and IRREGULAR.verify(7) == 75.0
+    s7 = expected_tokens(a, 7) * 14.6 / (7 * 3.0 + a ** 7 * 0.5 + 63.1)
+    s6 = expected_tokens(a, 6) * 14.6 / (6 * 3.0 + a ** 6 * 0.5 + 75.0)
+    assert predicted_speedup(a, 7, IRREGULAR) == pytest.approx(s7) and s7 > s6
+    assert best_gamma(a, IRREGULAR, 8) == 7  # the dip at 8 tokens, found
+    assert best_gamma(0.3, IRREGULAR, 8) == 0  # and no gamma when acceptance is low

@@ -176,3 +176,14 @@ def test_a_rejection_before_the_end_of_generation_is_counted_as_usual():
     assert gen["tokens"] == [5, 6] and gen["stop"] == "eos"
     assert (steps[0]["accepted"], steps[0]["accepted_raw"], steps[0]["rejected_at"]) == (1, 1, 1)
     assert sum(s["accepted"] for s in steps) == gen["from_draft"].count("d")
+
+
+def test_costs_measured_in_the_worker(engines):
+    """calibrate.in_situ: the target's blocks with all logits, the draft's with the last row's only."""
+    from harness.calibrate import in_situ
+    target, draft = engines
+    tokens = requests(target)[0].tokens
+    rec = in_situ(target, draft, tokens, k_max=3, reps=2)
+    assert rec["type"] == "costs" and rec["context"] == len(tokens) and rec["k"] == 3
+    assert len(rec["target_ms"]) == len(rec["draft_ms"]) == 3 and all(x > 0 for x in rec["target_ms"] + rec["draft_ms"])
+    assert target.n_past == 0 and draft.n_past == 0  # both left empty for the generations

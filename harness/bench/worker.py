@@ -44,6 +44,10 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
             check_fits(len(toks), mt, inst.gamma, pair.target.n_ctx)
             requests.append((pr, Request(pr.id, toks, mt, pr.category)))
         warm_up(pair, requests[0][1].tokens, inst.gamma)
+        if not inst.baseline and round_ == 0:  # the costs this configuration's rows pay, for the cost model
+            tw = TraceWriter(files["speculative"], config=inst.id, mode="speculative")
+            tw.write(measure_costs(pair, [r for _, r in requests], inst.gamma + 1))
+            tw.close()
         controllers = {}
         # greedy speculative outputs are checked against plain greedy decoding: the paired twin, or else the
         # baseline configuration's trace when it ran earlier in the sweep
@@ -102,6 +106,15 @@ def record_divergence(target, prompt: list[int], spec_trace, plain: list[int]) -
     found = kernel_check(target, prompt, spec_trace.records[-1]["tokens"], blocks(spec_trace.records), plain)
     if found is not None:
         spec_trace.write({"type": "divergence", **found})
+
+
+def measure_costs(pair, requests: list, k_max: int) -> dict:
+    """calibrate.in_situ at the requests' mean context (prompt plus half the generation), over their own text."""
+    from harness.calibrate import in_situ
+    mean = sum(len(r.tokens) + r.max_tokens / 2 for r in requests) / len(requests)
+    text = [t for r in requests for t in r.tokens]
+    n = max(1, min(int(mean), pair.target.n_ctx - k_max - 2))
+    return in_situ(pair.target, pair.draft_engine, (text * (n // len(text) + 1))[:n], k_max)
 
 
 def warm_up(pair, tokens: list[int], gamma: int) -> None:

@@ -7,40 +7,50 @@ from pathlib import Path
 import polars as pl
 
 
-def _costs_for(r: dict, run_dir: Path):
+def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     from dataclasses import replace
 
     from harness.calibrate import costs_at
+    from harness.costmodel import Costs
     from harness.engine import EngineConfig
     from harness.pair import parse_ngram
-    draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
-    # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
-    costs = costs_at(run_dir / "calibration", r["target"], draft, EngineConfig(threads=r["threads"]).resolved_threads(),
-                     r["ngl"], r["ngl_draft"], r["context"], r["overhead_ms_per_call"] or 0.0)
+    if measured is not None:  # measured in the row's worker, seconds before its generations
+        d = measured.get("draft_ms") or []
+        costs = Costs(list(measured["target_ms"]), d[0] if d else 0.0, r["overhead_ms_per_call"] or 0.0,
+                      draft_curve=tuple(d))
+    else:
+        draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
+        # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
+        costs = costs_at(run_dir / "calibration", r["target"], draft,
+                         EngineConfig(threads=r["threads"]).resolved_threads(), r["ngl"], r["ngl_draft"],
+                         r["context"], r["overhead_ms_per_call"] or 0.0)
     if costs is None or not r["ref_tokens_per_ms"]:
         return costs
-    # the calibration gives the curve's shape; its level comes from the row's plain reference, measured on
-    # the real prompts (filler text at an interpolated context misjudges long prompts)
+    # the measured curve gives the shape; its level comes from the row's plain reference, measured on the real
+    # prompts (filler text at an interpolated context misjudges long prompts)
     level = 1 / r["ref_tokens_per_ms"] / costs.target_ms[0]
     return replace(costs, target_ms=[x * level for x in costs.target_ms])
 
 
-def cost_model(sweep: pl.DataFrame, run_dir: Path) -> dict[str, pl.DataFrame]:
-    """Predicted speedup from calibrated costs and measured alpha against the measured one, per speculative row;
-    the gamma the model recommends per (category, policy, draft); adaptive gamma against the best fixed one."""
+def cost_model(sweep: pl.DataFrame, run_dir: Path, measured: dict[str, dict]) -> dict[str, pl.DataFrame]:
+    """Predicted speedup from measured costs (the row's worker's, else the run's calibration) and measured
+    alpha against the measured speedup, per speculative row; the gamma the model recommends per (category,
+    policy, draft); adaptive gamma against the best fixed one."""
     from harness.costmodel import best_gamma, predicted_speedup
     rows, best = [], {}
     spec = sweep.filter((pl.col("draft") != "none") & pl.col("alpha").is_not_null())
     for r in spec.sort(["category", "policy", "draft", "gamma"]).iter_rows(named=True):
-        costs = _costs_for(r, run_dir)
+        calibrated = _costs_for(r, run_dir, None)  # the whole curve, k up to the calibration's k-max
+        costs = calibrated if r["adaptive"] or r["config"] not in measured else \
+            _costs_for(r, run_dir, measured[r["config"]])
         if costs is None or r["gamma"] + 1 > len(costs.target_ms):
             continue
         pred = None if r["adaptive"] else predicted_speedup(r["alpha"], r["gamma"], costs)
         rows.append({k: r[k] for k in ("category", "policy", "draft", "gamma", "gamma_label", "adaptive", "alpha",
                                        "speedup", "tokens_per_call_rse")}
                     | {"predicted": pred, "error": pred / r["speedup"] - 1 if pred and r["speedup"] else None})
-        if not r["adaptive"]:
-            best.setdefault((r["category"], r["policy"], r["draft"]), (r["alpha"], costs))
+        if not r["adaptive"] and calibrated is not None:
+            best.setdefault((r["category"], r["policy"], r["draft"]), (r["alpha"], calibrated))
     if not rows:
         return {}
     rec = [{"category": c, "policy": p, "draft": d, "gamma": best_gamma(a, costs, max(len(costs.target_ms) - 1, 1))}

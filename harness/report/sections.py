@@ -61,16 +61,19 @@ def cost_model(data: dict[str, pl.DataFrame]) -> list[str]:
                  for r in (auto.iter_rows(named=True) if auto is not None else [])]
     return ["## Cost model", "",
             "Predicted speedup = E * T_target(1) / (gamma * T_draft(1) + T_verify(gamma+1) + overhead), "
-            "E = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023), with the decode costs calibrated "
-            "in this run (`calibration/`, interpolated to the row's mean context length, scaled so that T_target(1) "
-            "is the same category's measured plain decode), this row's measured alpha and per-step overhead. "
+            "E = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023), with the decode costs measured in "
+            "the row's worker seconds before its generations (the target's blocks with all logits, the draft's "
+            "decodes with the last row's; runs from before that use the run's calibration, `calibration/`, "
+            "interpolated to the row's mean context length), scaled so that T_target(1) is the row's measured plain "
+            "decode, and the row's measured alpha and per-step overhead. "
             "s.e. is the relative standard error of the row's measured tokens per target call, from its "
             "step-to-step spread: how far the acceptance draws of a short run move the measured speedup on their "
             "own (the prediction uses alpha, which under sampling is an expectation and steadier; under greedy the "
             "same draws set both); an error within about two of them is sampling noise.",
             "", table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error",
                               "s.e."]), "",
-            "Recommended gamma (the cost model's best at the measured alpha; 0 = plain decoding):", "",
+            "Recommended gamma (the cost model's best at the measured alpha over the calibrated curve; 0 = plain "
+            "decoding):", "",
             table(rec, ["category", "policy", "draft", "gamma"]), ""] + ([
             "Adaptive gamma against the better of the best fixed gamma and plain decoding (speedup 1.00x), same "
             "run; the goal is to be within 5% of it:", "",

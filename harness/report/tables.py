@@ -97,8 +97,15 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     out["equivalence"] = equivalence(gens, metrics.frame(records, "divergence"), cfg)
     out["noise"] = noise_frame(noise_records(run_dir), p_gens, cfg)
     out["verdicts"] = verdicts(sweep, out["noise"])
-    out |= cost_model(sweep, run_dir)
+    measured = {}
+    for c in (records_of(records, "costs")):
+        measured.setdefault(c["config"], c)
+    out |= cost_model(sweep, run_dir, measured)
     return out
+
+
+def records_of(records: list[dict], kind: str) -> list[dict]:
+    return [r for r in records if r.get("type") == kind]
 
 
 def units_frame(results: dict[str, dict]) -> pl.DataFrame:
