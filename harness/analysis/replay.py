@@ -1,0 +1,115 @@
+"""Replay: speculative decoding's acceptance, for every gamma, from plain decoding's own output.
+
+Greedy. A draft's proposals up to the first rejection are its own predictions along the target's output (each
+accepted token is the output's token), so one teacher-forced pass of the draft over prompt + output gives, per
+output position j, whether its proposal there matches: `match[j]`. From that vector, the steps of speculative
+decoding at any gamma are exact: proposed, accepted, where each stopped. (Exact up to kernel near-ties: the
+loop's own run can leave plain decoding where the target's top two logits are nearly tied.) An n-gram proposer's
+proposals are recomputed from the same contexts.
+
+Sampling. Along the target's own (sampled) output, alpha[j] = sum min(p, q) at position j is the probability
+that a draft token there is accepted (Leviathan et al.); the expected steps, acceptance and time at any gamma
+follow by dynamic programming over positions. These are *expected*, never *measured*.
+
+Positions run 0..n-1 over the output's tokens and, when the output ended at an end-of-generation token, n for
+that token: a step that reaches it ends the generation (the loop does not count it as emitted or accepted)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Step:
+    proposed: int
+    accepted: int
+    emitted: int
+
+    @property
+    def all_accepted(self) -> bool:
+        return self.proposed > 0 and self.accepted == self.proposed
+
+
+def _advance(j: int, k: int, n: int, eos: bool) -> tuple[int, int, bool]:
+    """After a step from position j that accepted k drafts: (accepted as counted, emitted, ended). The step's
+    tokens sit at positions j..j+k; the end-of-generation token at n, when reached, ends the output there."""
+    if eos and j + k >= n:
+        return min(k, n - j), n - j, True
+    return k, k + 1, False
+
+
+def greedy_steps(match: Sequence[bool], n: int, max_tokens: int, gamma: int, eos: bool) -> list[Step]:
+    """Steps of greedy speculative decoding at a fixed gamma, as the loop runs them (gamma capped by the tokens
+    left), from the draft's per-position matches (n + eos entries)."""
+    steps, j = [], 0
+    while j < n + eos and j < max_tokens:
+        g = min(gamma, max_tokens - j - 1)
+        k = 0
+        while k < g and j + k < len(match) and match[j + k]:
+            k += 1
+        acc, emitted, ended = _advance(j, k, n, eos)
+        steps.append(Step(g, acc, emitted))
+        j += emitted
+        if ended:
+            break
+    return steps
+
+
+def ngram_steps(context: Sequence[int], out: Sequence[int], eos_token: int | None, max_tokens: int, gamma: int,
+                propose) -> list[Step]:
+    """Steps with a proposer that looks its proposals up in the context (propose(context, n) -> tokens): each
+    step's proposals recomputed from the prompt and the output so far; eos_token: the end-of-generation token
+    the output ended on, or None."""
+    target = [*out, eos_token] if eos_token is not None else list(out)
+    n, eos = len(out), eos_token is not None
+    steps, j = [], 0
+    while j < n + eos and j < max_tokens:
+        g = min(gamma, max_tokens - j - 1)
+        tokens = propose([*context, *out[:j]], g) if g > 0 else []
+        k = 0
+        while k < len(tokens) and j + k < len(target) and tokens[k] == target[j + k]:
+            k += 1
+        acc, emitted, ended = _advance(j, k, n, eos)
+        steps.append(Step(len(tokens), acc, emitted))
+        j += emitted
+        if ended:
+            break
+    return steps
+
+
+def step_ms(step: Step, costs, gamma: int, backlog: int = 0) -> float:
+    """What a step costs: the draft's proposals (after catching up over `backlog` plain steps; one more token when
+    all were accepted), the verification block, and the overhead of verifying its rows."""
+    if not step.proposed:
+        return costs.verify(1) + costs.overhead_ms
+    draft = costs.catch_up(backlog + 1) - costs.draft_ms + step.proposed * costs.draft_ms
+    if step.all_accepted:
+        draft += costs.catch_up(2) - costs.catch_up(1)
+    return draft + costs.verify(step.proposed + 1) + costs.overhead_ms * (step.proposed + 1)
+
+
+def expected(alpha: Sequence[float], n: int, max_tokens: int, gamma: int, eos: bool, costs=None) -> dict:
+    """Expected steps, proposed, accepted and (with costs) milliseconds of speculative decoding at a fixed
+    gamma when the draft token at position j is accepted with probability alpha[j], independently: a dynamic
+    program over positions, from the end back."""
+    end = min(n + eos, max_tokens)
+    zero = {"steps": 0.0, "proposed": 0.0, "accepted": 0.0, "ms": 0.0}
+    f = [dict(zero) for _ in range(end + 1)]
+    for j in range(end - 1, -1, -1):
+        g = min(gamma, max_tokens - j - 1)
+        acc = {"steps": 1.0, "proposed": float(g), "accepted": 0.0, "ms": 0.0}
+        reach = 1.0  # P(the first k drafts accepted)
+        for k in range(g + 1):
+            a_k = alpha[j + k] if j + k < len(alpha) else 0.0
+            p = reach * (1 - a_k) if k < g else reach  # P(exactly k accepted)
+            if p > 0:
+                a, emitted, ended = _advance(j, k, n, eos)
+                nxt = zero if ended else f[min(j + emitted, end)]
+                acc["accepted"] += p * (a + nxt["accepted"])
+                acc["steps"] += p * nxt["steps"]
+                acc["proposed"] += p * nxt["proposed"]
+                if costs is not None:
+                    acc["ms"] += p * (step_ms(Step(g, k, emitted), costs, gamma) + nxt["ms"])
+            reach *= a_k
+        f[j] = acc
+    return f[0]

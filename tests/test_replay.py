@@ -1,0 +1,86 @@
+"""Replay, pure: the steps of speculative decoding at any gamma from the draft's matches along plain decoding's
+output, checked against the loop itself on a scripted engine; expected acceptance under sampling."""
+import numpy as np
+import pytest
+
+from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, step_ms
+from harness.costmodel import Costs
+from harness.loop import Request, generate
+from harness.proposers import NgramProposer
+from harness.sampling import Policy
+from harness.trace import TraceWriter
+from tests.fakes import EOS, FakeEngine, ScriptedProposer
+
+PROMPT = [1, 2, 3]
+
+
+def loop_steps(script, draft, gamma, max_tokens, proposer=None):
+    target = FakeEngine(len(PROMPT), script)
+    tw = TraceWriter(None, keep=True)
+    gen = generate(target, Request("p", PROMPT, max_tokens), Policy(),
+                   proposer or ScriptedProposer(len(PROMPT), draft), gamma, tw)
+    return gen, [Step(r["proposed"], r["accepted"], r["emitted"]) for r in tw.records if r["type"] == "step"]
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("ends", ["eos", "max_tokens", "draft_eos"])
+def test_greedy_replay_gives_the_loops_own_steps(gamma, ends):
+    """The draft proposes draft[j] at output position j; where draft[j] == script[j] it matches. The loop's steps
+    and the replay's agree exactly, end of generation and the max_tokens cap included."""
+    script = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 4, 5, 6, 7, EOS, 1, 1, 1, 1, 1, 1, 1]
+    draft = [5, 6, 9, 8, 9, 10, 3, 12, 13, 14, 15, 4, 2, 6, 7, 1, 1, 1, 1, 1, 1, 1, 1]
+    if ends == "draft_eos":
+        draft[15] = EOS  # the draft guesses the end too
+    max_tokens = 11 if ends == "max_tokens" else 20
+    gen, steps = loop_steps(script, draft, gamma, max_tokens)
+    n = len(gen["tokens"])
+    eos = gen["stop"] == "eos"
+    match = [d == t for d, t in zip(draft, script)]
+    assert greedy_steps(match, n, max_tokens, gamma, eos) == steps
+    assert eos == (ends != "max_tokens")
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_ngram_replay_gives_the_loops_own_steps(gamma):
+    script = [4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 9, 9, 4, 5, 6, EOS, 1, 1, 1, 1, 1, 1, 1, 1]
+    prop = NgramProposer(2)
+    gen, steps = loop_steps(script, None, gamma, 20, proposer=prop)
+    assert any(s.accepted for s in steps)
+    replay = ngram_steps(PROMPT, gen["tokens"], EOS if gen["stop"] == "eos" else None, 20, gamma,
+                         lambda ctx, n: prop.propose(ctx, n).tokens)
+    assert replay == steps
+
+
+def test_expected_steps_with_certain_acceptance_are_the_greedy_steps():
+    match = [True, True, False, True, False, False, True, True, True, True, False, True]
+    for gamma in (1, 2, 4):
+        for eos in (False, True):
+            n = len(match) - eos
+            steps = greedy_steps(match, n, 40, gamma, eos)
+            e = expected([float(m) for m in match], n, 40, gamma, eos)
+            assert e["steps"] == pytest.approx(len(steps))
+            assert e["accepted"] == pytest.approx(sum(s.accepted for s in steps))
+            assert e["proposed"] == pytest.approx(sum(s.proposed for s in steps))
+
+
+def test_expected_acceptance_matches_a_simulation_of_random_acceptances():
+    rng = np.random.default_rng(4)
+    alpha = rng.uniform(0.2, 0.95, size=40)
+    costs = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, overhead_ms=0.2, draft_curve=(5, 7))
+    e = expected(alpha, 40, 40, 3, False, costs)
+    sims = []
+    for _ in range(4000):
+        steps = greedy_steps(list(rng.random(40) < alpha), 40, 40, 3, False)
+        sims.append((len(steps), sum(s.accepted for s in steps), sum(step_ms(s, costs, 3) for s in steps)))
+    mean = np.mean(sims, axis=0)
+    assert e["steps"] == pytest.approx(mean[0], rel=0.01)
+    assert e["accepted"] == pytest.approx(mean[1], rel=0.02)
+    assert e["ms"] == pytest.approx(mean[2], rel=0.01)
+
+
+def test_step_cost_known_values():
+    c = Costs(target_ms=[30, 50, 60, 70], draft_ms=5, overhead_ms=0.5, draft_curve=(5, 7, 8))
+    assert step_ms(Step(0, 0, 1), c, 3) == pytest.approx(30.5)  # a plain step
+    assert step_ms(Step(3, 1, 2), c, 3) == pytest.approx(3 * 5 + 70 + 4 * 0.5)  # rejected at 1
+    assert step_ms(Step(3, 3, 4), c, 3) == pytest.approx(3 * 5 + 2 + 70 + 4 * 0.5)  # all accepted: catch-up
+    assert step_ms(Step(2, 0, 1), c, 3, backlog=2) == pytest.approx(8 - 5 + 2 * 5 + 60 + 3 * 0.5)
