@@ -151,6 +151,10 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--paired/--no-paired", default=None,
               help="Run plain decoding beside every speculative generation, in the same worker, and take "
                    "speedups against it: drift-robust, about 1.3x the time.")
+@click.option("--replay/--no-replay", default=None,
+              help="Teacher-force every draft along the plain baselines' outputs: acceptance and predicted speedup "
+                   "at every gamma up to --replay-gamma, from every prompt.")
+@click.option("--replay-gamma", type=int, help="Replay gamma 1..N (default 8).")
 @click.option("--until-confident", is_flag=True, default=None,
               help="Add prompts to categories whose verdict is inconclusive, one per round, until all settle.")
 @click.option("--budget-min", type=float, help="With --until-confident: stop adding rounds after this many "

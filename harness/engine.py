@@ -297,3 +297,19 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def teacher_forced(engine, prompt_tokens: list[int], output: list[int]) -> np.ndarray:
+    """Logits [len(output), n_vocab] predicting each output token, from one batched pass over the prompt and
+    output (chunks of n_batch): row j comes from the position of the token before output[j]."""
+    engine.reset()
+    if not output:
+        return np.zeros((0, engine.n_vocab), dtype=np.float32)
+    engine.decode(prompt_tokens[:-1], logits="none")
+    block = [prompt_tokens[-1], *output[:-1]]
+    out = np.empty((len(block), engine.n_vocab), dtype=np.float32)
+    nb = engine.cfg.n_batch
+    for s in range(0, len(block), nb):
+        chunk = block[s:s + nb]
+        out[s:s + len(chunk)] = engine.decode(chunk, logits="all")  # copy: the view dies at the next decode
+    return out

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.engine import teacher_forced
 from harness.errors import HarnessError
 from harness.models.catalog import Model
 from harness.models.store import read_sidecar
@@ -76,22 +77,6 @@ def _describe(m: Model) -> dict:
 
 
 # -- child processes ----------------------------------------------------------------------------------------
-def _teacher_forced(engine, prompt_tokens: list[int], output: list[int]) -> np.ndarray:
-    """Logits [len(output), n_vocab] predicting each output token, from one batched pass over the prompt and
-    output (chunks of n_batch): row j comes from the position of the token before output[j]."""
-    engine.reset()
-    if not output:
-        return np.zeros((0, engine.n_vocab), dtype=np.float32)
-    engine.decode(prompt_tokens[:-1], logits="none")
-    block = [prompt_tokens[-1], *output[:-1]]
-    out = np.empty((len(block), engine.n_vocab), dtype=np.float32)
-    nb = engine.cfg.n_batch
-    for s in range(0, len(block), nb):
-        chunk = block[s:s + nb]
-        out[s:s + len(chunk)] = engine.decode(chunk, logits="all")  # copy: the view dies at the next decode
-    return out
-
-
 def _timed_generation(engine, tokens: list[int], max_tokens: int) -> dict:
     from harness.loop import Request, generate
     from harness.sampling import Policy
@@ -115,7 +100,7 @@ def _reference_job(job: dict, work: Path) -> dict:
         (work / "sequences.json").write_text(json.dumps(seqs))
         agree = positions = 0
         for i, s in enumerate(seqs):
-            logits = _teacher_forced(eng, s["prompt"], s["output"])
+            logits = teacher_forced(eng, s["prompt"], s["output"])
             np.save(work / f"{job['tag']}-{i}.npy", logits)
             agree += int((logits.argmax(axis=1) == np.asarray(s["output"], dtype=np.int64)).sum())
             positions += len(s["output"])
@@ -132,7 +117,7 @@ def _other_job(job: dict, work: Path) -> dict:
     cfg = EngineConfig(n_ctx=job["n_ctx"], threads=job["threads"])
     with Engine(Path(job["path"]), cfg) as eng:
         for i, s in enumerate(seqs):
-            np.save(work / f"{job['tag']}-{i}.npy", _teacher_forced(eng, s["prompt"], s["output"]))
+            np.save(work / f"{job['tag']}-{i}.npy", teacher_forced(eng, s["prompt"], s["output"]))
         timed = _timed_generation(eng, seqs[0]["prompt"], job["max_tokens"])
         return {"status": "ok", "n_vocab": eng.n_vocab, "file_type": eng.vocab.meta("general.file_type"),
                 "tokens_per_s": timed["tokens_per_s"],

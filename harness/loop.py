@@ -59,7 +59,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
         draft_prefill_ms = (time.perf_counter() - t1) * 1000
     t_gen = time.perf_counter()
     instr_total = 0.0
-    stop = "max_tokens"
+    stop, stop_token = "max_tokens", None
     step = drafted = 0  # drafted: steps that ran the proposer
     while len(out) < req.max_tokens:
         remaining = req.max_tokens - len(out)
@@ -87,7 +87,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
         src = [True] * k + [False]
         for j, t in enumerate(new):
             if eog(t):
-                new, src, stop = new[:j], src[:j], "eos"
+                new, src, stop, stop_token = new[:j], src[:j], "eos", t
                 if j < k:  # an accepted draft ended the output: count only the drafts the output contains
                     k, rejected_at = j, None
                 break
@@ -120,7 +120,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
     rec = {"type": "generation", "mode": mode, "prompt_id": req.prompt_id, "category": req.category,
            "prompt_tokens": len(req.tokens), "n_tokens": len(out), "tokens": out,
            "from_draft": "".join("d" if s else "t" for s in from_draft),
-           "text": target.vocab.detokenize(out), "stop": stop, "steps": step,
+           "text": target.vocab.detokenize(out), "stop": stop, "stop_token": stop_token, "steps": step,
            "prompt_eval_ms": (t1 - t0) * 1e3, "draft_prefill_ms": draft_prefill_ms, "gen_ms": gen_ms,
            "latency_ms": gen_ms + (t_gen - t0) * 1e3, "instrument_ms": instr_total * 1e3,
            "tokens_per_s": len(out) / gen_ms * 1e3 if gen_ms > 0 else 0.0,

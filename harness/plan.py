@@ -15,7 +15,7 @@ from harness.sampling import Policy
 
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
-               "paired", "until_confident", "budget_min", "busy_threshold")
+               "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma")
 
 
 def profiles_file() -> Path:
@@ -46,6 +46,8 @@ class Params:
     until_confident: bool = False  # add prompts to categories whose verdict is inconclusive, round by round
     budget_min: float | None = None  # ...until the workers have spent this long
     busy_threshold: float = 0.05  # share of all cores other processes may use before the machine is busy
+    replay: bool = False  # teacher-force every draft along the baselines' outputs: acceptance at every gamma
+    replay_gamma: int = 8  # ...up to this gamma
 
 
 def load_profile(name: str, path: Path | None = None) -> dict:
@@ -67,7 +69,7 @@ def load_profile(name: str, path: Path | None = None) -> dict:
 
 SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
-                "busy_threshold": (int, float)}
+                "busy_threshold": (int, float), "replay": bool, "replay_gamma": int}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:
@@ -111,6 +113,8 @@ def check(p: Params) -> None:
             raise HarnessError(f"--budget-min must be above 0 (minutes), got {p.budget_min:g}")
         if not p.until_confident:
             raise HarnessError("--budget-min bounds --until-confident: give both")
+    if p.replay_gamma < 1:
+        raise HarnessError(f"--replay-gamma must be >= 1, got {p.replay_gamma}")
     if not 0 < p.busy_threshold <= 1:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
 

@@ -1,8 +1,8 @@
 """A run directory, the one place a benchmark's results live: plan.json (what was asked), results.jsonl (one
 line per finished unit of work), noise.jsonl (the foreign load while each ran), traces/ (the raw records every
 figure is computed from) and side runs kept apart, each with its own traces/: drift/ (the plain baselines again
-at the end, with their own results.jsonl) and paired/ (plain decoding beside each speculative configuration, in
-its worker).
+at the end, with their own results.jsonl), paired/ (plain decoding beside each speculative configuration, in
+its worker) and replay/ (the drafts teacher-forced along the baselines' outputs, with its own results.jsonl).
 
 A unit of work is one configuration over one round of prompts: round 0 is the plan's prompt set, later rounds
 are the prompts `--until-confident` added. A unit's id is its configuration's id, with ".rK" for round K > 0;
@@ -19,6 +19,7 @@ from harness.trace import append_record, read_records, repair
 
 DRIFT_DIR = "drift"
 PAIRED_DIR = "paired"
+REPLAY_DIR = "replay"  # the replay of each baseline unit's outputs (bench.replay), with its own results.jsonl
 RUNS_DIR = "runs"  # under the reports directory
 
 
@@ -74,7 +75,8 @@ def record_result(run_dir: Path, record: dict) -> None:
 
 def repair_results(run_dir: Path) -> None:
     """Drop half-written last lines of the run's results files (its own and the drift check's) and noise log."""
-    for f in (run_dir / "results.jsonl", run_dir / DRIFT_DIR / "results.jsonl", run_dir / NOISE_FILE):
+    for f in (run_dir / "results.jsonl", run_dir / DRIFT_DIR / "results.jsonl", run_dir / REPLAY_DIR / "results.jsonl",
+              run_dir / NOISE_FILE):
         repair(f)
 
 

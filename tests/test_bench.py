@@ -164,9 +164,10 @@ def test_report_check_fails_when_a_trace_disagrees(smoke_run, tmp_path):
 
 def md_table(md: str, heading: str) -> list[dict]:
     """The first Markdown table after a heading, as dicts."""
-    part = md.split(heading, 1)[1]
-    rows = [ln for ln in part.splitlines() if ln.startswith("|")]
-    rows = rows[:next((k for k in range(1, len(rows)) if not rows[k].startswith("|")), len(rows))]
+    lines = md.split(heading, 1)[1].splitlines()
+    start = next(k for k, ln in enumerate(lines) if ln.startswith("|"))
+    end = next((k for k in range(start, len(lines)) if not lines[k].startswith("|")), len(lines))
+    rows = lines[start:end]
     head = [c.strip() for c in rows[0].strip("|").split("|")]
     return [dict(zip(head, (c.strip() for c in r.strip("|").split("|")))) for r in rows[2:]]
 

@@ -19,7 +19,8 @@ def loop_steps(script, draft, gamma, max_tokens, proposer=None):
     tw = TraceWriter(None, keep=True)
     gen = generate(target, Request("p", PROMPT, max_tokens), Policy(),
                    proposer or ScriptedProposer(len(PROMPT), draft), gamma, tw)
-    return gen, [Step(r["proposed"], r["accepted"], r["emitted"]) for r in tw.records if r["type"] == "step"]
+    return gen, [Step(r["proposed"], r["accepted"], r["emitted"], r["rejected_at"] is not None)
+                 for r in tw.records if r["type"] == "step"]
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 3, 4, 6])
@@ -84,3 +85,20 @@ def test_step_cost_known_values():
     assert step_ms(Step(3, 1, 2), c, 3) == pytest.approx(3 * 5 + 70 + 4 * 0.5)  # rejected at 1
     assert step_ms(Step(3, 3, 4), c, 3) == pytest.approx(3 * 5 + 2 + 70 + 4 * 0.5)  # all accepted: catch-up
     assert step_ms(Step(2, 0, 1), c, 3, backlog=2) == pytest.approx(8 - 5 + 2 * 5 + 60 + 3 * 0.5)
+
+
+def test_expected_steps_of_a_lookup_proposer_follow_its_own_blocks():
+    """An n-gram lookup proposes what it found at the step's start (or nothing: a plain step); with certain
+    acceptances the expectation is the exact replay of those proposals."""
+    script = [4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 9, 9, 4, 5, 6, 8, 8]
+    prop = NgramProposer(2)
+    for gamma in (1, 2, 4):
+        exact = ngram_steps(PROMPT, script, None, len(script), gamma, lambda c, n: prop.propose(c, n).tokens)
+        blocks = []
+        for j in range(len(script)):
+            x = prop.propose([*PROMPT, *script[:j]], gamma).tokens
+            blocks.append([float(t == script[j + i]) if j + i < len(script) else 0.0 for i, t in enumerate(x)])
+        e = expected(None, len(script), len(script), gamma, False, blocks=blocks)
+        assert e["steps"] == pytest.approx(len(exact))
+        assert e["proposed"] == pytest.approx(sum(s.proposed for s in exact))
+        assert e["accepted"] == pytest.approx(sum(s.accepted for s in exact))

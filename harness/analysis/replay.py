@@ -24,6 +24,7 @@ class Step:
     proposed: int
     accepted: int
     emitted: int
+    rejected: bool = False  # a draft was rejected (as the loop's rejected_at says)
 
     @property
     def all_accepted(self) -> bool:
@@ -38,6 +39,12 @@ def _advance(j: int, k: int, n: int, eos: bool) -> tuple[int, int, bool]:
     return k, k + 1, False
 
 
+def _step(j: int, g: int, proposed: int, k: int, n: int, eos: bool) -> tuple[Step, bool]:
+    """A step from position j that proposed `proposed` drafts and matched k of them in a row."""
+    acc, emitted, ended = _advance(j, k, n, eos)
+    return Step(proposed, acc, emitted, k < proposed and not (eos and n - j < k)), ended
+
+
 def greedy_steps(match: Sequence[bool], n: int, max_tokens: int, gamma: int, eos: bool) -> list[Step]:
     """Steps of greedy speculative decoding at a fixed gamma, as the loop runs them (gamma capped by the tokens
     left), from the draft's per-position matches (n + eos entries)."""
@@ -47,9 +54,9 @@ def greedy_steps(match: Sequence[bool], n: int, max_tokens: int, gamma: int, eos
         k = 0
         while k < g and j + k < len(match) and match[j + k]:
             k += 1
-        acc, emitted, ended = _advance(j, k, n, eos)
-        steps.append(Step(g, acc, emitted))
-        j += emitted
+        step, ended = _step(j, g, g, k, n, eos)
+        steps.append(step)
+        j += step.emitted
         if ended:
             break
     return steps
@@ -69,9 +76,9 @@ def ngram_steps(context: Sequence[int], out: Sequence[int], eos_token: int | Non
         k = 0
         while k < len(tokens) and j + k < len(target) and tokens[k] == target[j + k]:
             k += 1
-        acc, emitted, ended = _advance(j, k, n, eos)
-        steps.append(Step(len(tokens), acc, emitted))
-        j += emitted
+        step, ended = _step(j, g, len(tokens), k, n, eos)
+        steps.append(step)
+        j += step.emitted
         if ended:
             break
     return steps
@@ -88,28 +95,32 @@ def step_ms(step: Step, costs, gamma: int, backlog: int = 0) -> float:
     return draft + costs.verify(step.proposed + 1) + costs.overhead_ms * (step.proposed + 1)
 
 
-def expected(alpha: Sequence[float], n: int, max_tokens: int, gamma: int, eos: bool, costs=None) -> dict:
-    """Expected steps, proposed, accepted and (with costs) milliseconds of speculative decoding at a fixed
-    gamma when the draft token at position j is accepted with probability alpha[j], independently: a dynamic
-    program over positions, from the end back."""
+def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int, eos: bool, costs=None,
+             blocks: Sequence[Sequence[float]] | None = None) -> dict:
+    """Expected steps, proposed, accepted and (with costs) milliseconds of speculative decoding at a fixed gamma:
+    a dynamic program over positions, from the end back. A draft model's token at position j is accepted with
+    probability alpha[j], independently. A lookup proposer (n-gram) instead proposes, from a step that starts at
+    j, the tokens it found there, accepted with probabilities blocks[j] (as many as it proposes; none: a plain
+    step)."""
     end = min(n + eos, max_tokens)
     zero = {"steps": 0.0, "proposed": 0.0, "accepted": 0.0, "ms": 0.0}
     f = [dict(zero) for _ in range(end + 1)]
     for j in range(end - 1, -1, -1):
-        g = min(gamma, max_tokens - j - 1)
+        probs = blocks[j] if blocks is not None else alpha[j:]
+        g = min(gamma, max_tokens - j - 1, len(probs) if blocks is not None else gamma)
         acc = {"steps": 1.0, "proposed": float(g), "accepted": 0.0, "ms": 0.0}
         reach = 1.0  # P(the first k drafts accepted)
         for k in range(g + 1):
-            a_k = alpha[j + k] if j + k < len(alpha) else 0.0
+            a_k = probs[k] if k < min(g, len(probs)) else 0.0
             p = reach * (1 - a_k) if k < g else reach  # P(exactly k accepted)
             if p > 0:
-                a, emitted, ended = _advance(j, k, n, eos)
-                nxt = zero if ended else f[min(j + emitted, end)]
-                acc["accepted"] += p * (a + nxt["accepted"])
+                step, ended = _step(j, g, g, k, n, eos)
+                nxt = zero if ended else f[min(j + step.emitted, end)]
+                acc["accepted"] += p * (step.accepted + nxt["accepted"])
                 acc["steps"] += p * nxt["steps"]
                 acc["proposed"] += p * nxt["proposed"]
                 if costs is not None:
-                    acc["ms"] += p * (step_ms(Step(g, k, emitted), costs, gamma) + nxt["ms"])
+                    acc["ms"] += p * (step_ms(step, costs, gamma) + nxt["ms"])
             reach *= a_k
         f[j] = acc
     return f[0]

@@ -103,6 +103,8 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
                + ("; more if --until-confident adds prompts" if params.until_confident else "") + ")", err=True)
     try:
         _run_units(todo, params, run_dir)
+        if params.replay:
+            _replay(instances, skipped, first, params, run_dir)
         if params.until_confident:
             _until_confident(instances, skipped, pool, rounds, params, run_dir, plan)
         _closing_baselines(instances, skipped, first, params, run_dir)
@@ -136,6 +138,27 @@ def _run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path 
             if nz["busy"] else ""
         click.echo(f"[{k}/{len(units)}] round {r}: {inst.target} {what} {json.dumps(inst.policy)}: {status}{busy}",
                    err=True)
+
+
+def _replay(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path) -> None:
+    """Each finished plain baseline's outputs replayed through every model draft (and the n-gram proposers),
+    watched for noise like any unit: the replay measures the decode costs its predictions use."""
+    from harness.bench.replay import run_replay
+    from harness.rundir import REPLAY_DIR
+    proposers = list(dict.fromkeys(i.draft for i in instances if not i.baseline)) or \
+        [d for d in params.draft if d != "none"]
+    done, base_done = finished(run_dir / REPLAY_DIR), finished(run_dir)
+    todo = [i for i in instances if i.baseline and i.id not in skipped
+            and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]
+    for k, base in enumerate(todo, 1):
+        with noise.Sampler(params.busy_threshold) as sampler:
+            res = run_replay(base, 0, prompts, proposers, params.replay_gamma, params, run_dir,
+                             on_start=sampler.meter.watch)
+        rec = sampler.summary()
+        record_noise(run_dir, {"unit": f"replay/{base.id}", "config": None, "round": 0} | rec)
+        status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
+        click.echo(f"[replay {k}/{len(todo)}] {base.target} {json.dumps(base.policy)}: {', '.join(proposers)} "
+                   f"up to gamma {params.replay_gamma}: {status}", err=True)
 
 
 def spent_s(run_dir: Path) -> float:

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.analysis import verdict
-from harness.report import sections
+from harness.report import replayed, sections
 from harness.report.fmt import ci, f, mib, table
 from harness.rundir import read_plan
 
@@ -24,8 +24,8 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
     if sweep is None or not len(sweep):
         lines += ["No configuration finished.", ""]
     else:
-        lines += _verdicts(data.get("verdicts"), plan) + _verdict_plot(run_dir, rel) + sections.until_confident(
-            plan, data.get("verdicts"))
+        lines += _verdicts(data.get("verdicts"), plan) + _verdict_plot(run_dir, rel) + replayed.sections(
+            data, plan) + sections.until_confident(plan, data.get("verdicts"))
     lines += _machine(plan, rel)
     if sweep is not None and len(sweep):
         lines += sections.noise(data, plan) + sections.drift(sweep) + sections.per_category(sweep) + \

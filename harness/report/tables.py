@@ -10,7 +10,8 @@ from harness.analysis import metrics, verdict
 from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
 from harness.report.costs import cost_model
 from harness.report.verdicts import noise_frame, verdicts
-from harness.rundir import DRIFT_DIR, PAIRED_DIR, finished, load_records, noise_records, ok_units, read_plan
+from harness.rundir import (DRIFT_DIR, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records, ok_units,
+                            read_plan)
 from harness.sampling import Policy
 
 BASE_KEYS = ["target", "policy", "ngl", "threads", "category"]
@@ -101,7 +102,37 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     for c in (records_of(records, "costs")):
         measured.setdefault(c["config"], c)
     out |= cost_model(sweep, run_dir, measured)
+    out |= replay_frames(run_dir, plan, sweep, cfg)
     return out
+
+
+def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, cfg: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """"replay": predicted figures of every proposer and gamma, beside the timed rows of the same configuration
+    where the sweep ran them; "replay_costs": the decode costs the predictions used. Empty without a replay."""
+    from harness.analysis.predict import predictions
+    d = run_dir / REPLAY_DIR
+    units = ok_units(d) if d.is_dir() else set()
+    if not units:
+        return {}
+    records = load_records(d, units)
+    plain = {(r["config"], r["category"]): 1 / r["tokens_per_ms"]
+             for r in sweep.filter(pl.col("draft") == "none").iter_rows(named=True) if r["tokens_per_ms"]}
+    rows = predictions(records, plain, plan.get("params", {}).get("replay_gamma", 8))
+    if not rows:
+        return {}
+    costs = pl.DataFrame([{k: r[k] for k in ("config", "policy", "proposer", "contexts", "target_ms_by_context",
+                                             "draft_ms_by_context", "overhead_ms")}
+                          for r in records if r.get("type") == "costs"], infer_schema_length=None)
+    pred = pl.DataFrame(rows, infer_schema_length=None).rename({"config": "base"})
+    base_of = base_configs(cfg)
+    timed = sweep.filter((pl.col("draft") != "none") & ~pl.col("adaptive")).with_columns(
+        pl.col("config").replace_strict(base_of, default=None).alias("base")).select(
+        "base", "category", pl.col("draft").alias("proposer"), "gamma",
+        *[pl.col(c).alias(f"timed_{c}") for c in ("config", "speedup", "speedup_lo", "speedup_hi",
+                                                  "acceptance_rate", "mean_accepted_len", "prompts")])
+    pred = pred.join(timed, on=["base", "category", "proposer", "gamma"], how="left").join(
+        cfg.select(pl.col("config").alias("base"), "target", "ngl", "threads"), on="base", how="left")
+    return {"replay": pred, "replay_costs": costs}
 
 
 def records_of(records: list[dict], kind: str) -> list[dict]:

@@ -1,0 +1,101 @@
+"""Predicted acceptance and speedup for every proposer and gamma, from the replay records (analysis.replay) and
+the decode costs measured beside them: a row per (baseline, category, proposer, gamma), with the intervals of
+analysis.intervals (a bootstrap over the category's prompts; under greedy also over the replayed steps)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from harness.analysis.intervals import Generation, Row, row_intervals, step_matrix
+from harness.analysis.replay import expected, greedy_steps, ngram_steps, step_ms
+from harness.costmodel import Costs
+
+FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")
+
+
+def costs_at(rec: dict, context: float, plain_ms: float | None) -> Costs:
+    """A replay costs record at `context` cached tokens (linear between its two contexts), the target's curve
+    levelled so that a plain step (one decode and its overhead) costs the measured plain ms per token."""
+    xs = rec["contexts"]
+    w = 0.0 if len(xs) == 1 or context <= xs[0] else 1.0 if context >= xs[-1] else (context - xs[0]) / (xs[-1] - xs[0])
+
+    def at(rows):
+        return [a + w * (b - a) for a, b in zip(rows[0], rows[-1])]
+    t, d = at(rec["target_ms_by_context"]), at(rec["draft_ms_by_context"])
+    oh = rec.get("overhead_ms", 0.0)
+    if plain_ms:
+        level = max(plain_ms - oh, 1e-6) / t[0]
+        t = [x * level for x in t]
+    return Costs(t, d[0], oh, draft_curve=tuple(d))
+
+
+def _plain(n: int, eos: bool, costs: Costs) -> np.ndarray:
+    """The plain twin: n tokens in n steps (one more to produce the end of generation)."""
+    ms = costs.verify(1) + costs.overhead_ms
+    return step_matrix([1] * n + [0] * eos, [ms] * (n + eos), None, None, None, None, ms * (n + eos), spec=False)
+
+
+def generation(prompt: dict, rep: dict | None, proposer: str, gamma: int, costs: Costs, greedy: bool,
+               lookup=None) -> Generation | None:
+    """The predicted speculative generation of one prompt beside its plain twin."""
+    out, n, eos, m = prompt["tokens"], len(prompt["tokens"]), prompt["stop_token"] is not None, prompt["max_tokens"]
+    if greedy:
+        if lookup is not None:
+            steps = ngram_steps(prompt["prompt_tokens"], out, prompt["stop_token"], m, gamma, lookup)
+        elif rep is not None:
+            steps = greedy_steps([bool(x) for x in rep["match"]], n, m, gamma, eos)
+        else:
+            return None
+        ms = [step_ms(s, costs, gamma) for s in steps]
+        spec = step_matrix([s.emitted for s in steps], ms, [s.accepted for s in steps], [s.proposed for s in steps],
+                           [s.accepted for s in steps], [s.accepted + s.rejected for s in steps], sum(ms), spec=True)
+    else:
+        if rep is None:
+            return None
+        blocks = rep.get("alpha_blocks")
+        e = expected(rep.get("alpha"), n, m, gamma, eos, costs, blocks)
+        # alpha at the positions a step's first draft tests (over the lookup's proposals where it had any)
+        first = [b[0] for b in blocks if b] if blocks is not None else rep["alpha"][:n + eos]
+        spec = step_matrix([n], [e["ms"]], [e["accepted"]], [e["proposed"]], [sum(first)], [len(first)], e["ms"],
+                           spec=True)
+        spec[:, 6] = e["steps"]  # verification steps: expected, not one
+    return Generation(spec, _plain(n, eos, costs))
+
+
+def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dict]:
+    """Rows {config, policy, category, proposer, gamma, kind, prompts, figure, figure_lo, figure_hi, ...} from one
+    run's replay records; plain_ms[(config, category)] is the measured plain ms per token."""
+    from harness.pair import parse_ngram
+    from harness.proposers import NgramProposer
+    prompts = defaultdict(list)
+    reps, costs = {}, {}
+    for r in records:
+        if r["type"] == "replay_prompt":
+            prompts[(r["config"], r["policy"])].append(r)
+        elif r["type"] == "replay":
+            reps[(r["config"], r["policy"], r["prompt_id"], r["proposer"])] = r
+        elif r["type"] == "costs" and "proposer" in r:
+            costs[(r["config"], r["policy"], r["proposer"])] = r
+    out = []
+    for (config, policy, proposer), crec in costs.items():
+        greedy = policy == "greedy"
+        n = parse_ngram(proposer)
+        lookup = (lambda ctx, k, ng=NgramProposer(n): ng.propose(ctx, k).tokens) if n is not None and greedy else None
+        by_cat = defaultdict(list)
+        for p in prompts[(config, policy)]:
+            by_cat[p["category"]].append(p)
+        for cat, ps in by_cat.items():
+            context = float(np.mean([len(p["prompt_tokens"]) + len(p["tokens"]) / 2 for p in ps]))
+            c = costs_at(crec, context, plain_ms.get((config, cat)))
+            for gamma in range(1, gamma_max + 1):
+                gens = [(p["prompt_id"], generation(p, reps.get((config, policy, p["prompt_id"], proposer)), proposer,
+                                                   gamma, c, greedy, lookup)) for p in ps]
+                row = Row([[g] for _, g in gens if g is not None])
+                if not row.prompts:
+                    continue
+                iv = row_intervals(row, f"replay/{config}/{cat}/{proposer}/{gamma}")
+                out.append({"config": config, "policy": policy, "category": cat, "proposer": proposer,
+                            "gamma": gamma, "kind": "exact" if greedy else "expected", "prompts": iv["prompts"]}
+                           | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
+    return out

@@ -1,0 +1,160 @@
+"""The replay worker: for one target, offload, threads and policy, the plain baseline's outputs (which the sweep
+ran anyway) are teacher-forced through the target and each draft model, once per prompt; what
+analysis.replay needs is written to run_dir/replay/<baseline unit>.jsonl, with the decode costs measured here.
+
+Records: "replay_prompt" (the prompt's and the output's tokens, how it ended); "replay", per proposer: under
+greedy, whether the draft's proposal matches the output at each position (the draft decoding one token at a
+time, as in the loop), under sampling, alpha = sum min(p, q) at each position (from batched passes); "costs"
+(the target's blocks and each draft's decodes, k = 1..gamma_max + 1, at two contexts)."""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.plan import Instance, Params
+from harness.procs import death, peak_rss_bytes, run_isolated
+from harness.rundir import REPLAY_DIR, finished, load_records, record_result, unit_id
+
+KIND = "replay"
+
+
+def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
+                run_dir: Path) -> dict:
+    from harness.calibrate import CONTEXTS, in_situ
+    from harness.engine import Engine, EngineConfig, teacher_forced
+    from harness.pair import parse_ngram
+    from harness.sampling import Policy, process
+    from harness.trace import TraceWriter
+    from harness.verify import overlap
+
+    t0 = time.perf_counter()
+    unit = unit_id(base.id, round_)
+    records = load_records(run_dir, {unit})
+    gens = {r["prompt_id"]: r for r in records if r.get("type") == "generation" and r.get("repeat", 0) == 0}
+    plain_steps = [r for r in records if r.get("type") == "step"]
+    overhead = sum(r["overhead_ms"] for r in plain_steps) / max(len(plain_steps), 1)
+    policy = Policy(**base.policy)
+    cfg = EngineConfig(n_ctx=params.n_ctx, n_gpu_layers=base.ngl, threads=base.threads)
+    from harness.models.catalog import resolve
+    models = [p for p in proposers if parse_ngram(p) is None]
+    out_file = run_dir / REPLAY_DIR / "traces" / f"{unit}.jsonl"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.unlink(missing_ok=True)
+    tw = TraceWriter(out_file, config=base.id, mode=KIND, policy=policy.label)
+    engines = {}
+    try:
+        target = engines["target"] = Engine(resolve(base.target).path, cfg)
+        for m in models:
+            engines[m] = Engine(resolve(m).path, EngineConfig(cfg.n_ctx, cfg.n_batch, base.ngl_draft, cfg.threads))
+        texts = []
+        for pr in prompts:
+            g = gens.get(pr.id)
+            if g is None:
+                continue
+            toks = target.vocab.tokenize(pr.render(target.vocab))
+            eos = g["stop"] == "eos" and g.get("stop_token") is not None  # older traces lack the token
+            out = list(g["tokens"])
+            forced = [*out, g["stop_token"]] if eos else out  # rows predict positions 0..n-1 (and n)
+            texts.append(toks)
+            common = {"category": pr.category, "prompt_id": pr.id, "repeat": 0}
+            tw.write({"type": "replay_prompt", **common, "prompt_tokens": toks, "tokens": out,
+                      "stop_token": g["stop_token"] if eos else None, "max_tokens": params.max_tokens or pr.max_tokens})
+            p_rows = None if policy.greedy else [process(r, policy) for r in teacher_forced(target, toks, forced)]
+            for name in proposers:
+                n = parse_ngram(name)
+                if n is not None:
+                    if policy.greedy:
+                        continue  # recomputed from the tokens by analysis.replay
+                    from harness.proposers import NgramProposer
+                    ng = NgramProposer(n)
+                    blocks = []  # per step start j: p of each token the lookup proposes there, at its position
+                    for j in range(len(p_rows)):
+                        x = ng.propose([*toks, *out[:j]], gamma_max).tokens
+                        blocks.append([round(p_rows[j + i].prob(t), 6) for i, t in enumerate(x)
+                                       if j + i < len(p_rows)])
+                    tw.write({"type": KIND, **common, "proposer": name, "alpha_blocks": blocks})
+                    continue
+                if policy.greedy:
+                    guess = stepwise_argmax(engines[name], toks, forced)
+                    tw.write({"type": KIND, **common, "proposer": name,
+                              "match": [int(a == t) for a, t in zip(guess, forced)]})
+                else:
+                    rows = teacher_forced(engines[name], toks, forced)
+                    alpha = [round(overlap(p, process(r, policy)), 6) for p, r in zip(p_rows, rows)]
+                    tw.write({"type": KIND, **common, "proposer": name, "alpha": alpha})
+        if texts:  # costs at a short and a long context over the prompts' own text (interpolated per category)
+            text = [t for x in texts for t in x]
+            contexts = [c for c in CONTEXTS if c <= target.n_ctx - gamma_max - 3] or [target.n_ctx - gamma_max - 3]
+            filler = (text * (contexts[-1] // len(text) + 1))[:contexts[-1]]
+            t_ms = [in_situ(target, None, filler[:c], gamma_max + 1)["target_ms"] for c in contexts]
+            for name in proposers:
+                if name in engines:
+                    d_ms = [in_situ(None, engines[name], filler[:c], gamma_max + 1)["draft_ms"] for c in contexts]
+                else:  # an n-gram lookup: its proposals' own time, the same at every k
+                    d_ms = [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(contexts)
+                tw.write({"type": "costs", "proposer": name, "contexts": contexts, "target_ms_by_context": t_ms,
+                          "draft_ms_by_context": d_ms, "overhead_ms": overhead})
+        return {"status": "ok", "prompts": len(texts), "wall_s": time.perf_counter() - t0}
+    finally:
+        tw.close()
+        for e in engines.values():
+            e.close()
+
+
+def stepwise_argmax(engine, prompt: list[int], forced: list[int]) -> list[int]:
+    """The draft's greedy choice at each position, decoded one token at a time along the forced output as the
+    loop's draft decodes (a batched pass rounds differently and can flip a near-tie, which the loop never sees)."""
+    engine.reset()
+    engine.decode(prompt[:-1], logits="none")
+    out = [int(engine.decode([t], logits="last")[0].argmax()) for t in [prompt[-1], *forced[:-1]]]
+    engine.reset()
+    return out
+
+
+def ngram_ms(name: str, texts: list[list[int]]) -> float:
+    """Median ms of an n-gram lookup over the prompts' own texts."""
+    import statistics
+
+    from harness.pair import parse_ngram
+    from harness.proposers import NgramProposer
+    ng = NgramProposer(parse_ngram(name))
+    times = []
+    for t in texts:
+        s = time.perf_counter()
+        ng.propose(t, 4)
+        times.append((time.perf_counter() - s) * 1000)
+    return statistics.median(times)
+
+
+def _child(attempt: str, base_d: dict, round_: int, prompts: list, proposers: list[str], gamma_max: int,
+           params: Params, run_dir: str) -> None:
+    base = Instance(**base_d)
+    rd = Path(run_dir)
+    try:
+        res = replay_unit(base, round_, prompts, proposers, gamma_max, params, rd)
+    except HarnessError as e:
+        res = {"status": "error", "error": str(e)}
+    except Exception as e:  # noqa: BLE001 - any failure becomes a row
+        res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    record_result(rd / REPLAY_DIR, {"config": base.id, "unit": unit_id(base.id, round_), "round": round_,
+                                    **asdict(base), **res, "proposers": proposers, "gamma_max": gamma_max,
+                                    "peak_rss_bytes": peak_rss_bytes(), "attempt": attempt})
+
+
+def run_replay(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
+               run_dir: Path, on_start=None) -> dict:
+    """replay_unit in a fresh process; a worker that dies before its result leaves an error row."""
+    import os
+    attempt = os.urandom(6).hex()
+    code = run_isolated(_child, attempt, asdict(base), round_, prompts, proposers, gamma_max, params, str(run_dir),
+                        on_start=on_start)
+    unit = unit_id(base.id, round_)
+    res = finished(run_dir / REPLAY_DIR).get(unit)
+    if res is None or res.get("attempt") != attempt:
+        res = {"config": base.id, "unit": unit, "round": round_, **asdict(base), "status": "error",
+               "error": death(code)}
+        record_result(run_dir / REPLAY_DIR, res)
+    return res

@@ -1,0 +1,140 @@
+"""The report's replay sections: verdicts predicted from every prompt, acceptance apart from cost (models,
+prompts and policy only), cost apart from acceptance (this machine only), the predicted speedup that combines
+them, and the timed runs that confirm it."""
+from __future__ import annotations
+
+import polars as pl
+
+from harness.analysis.verdict import INCONCLUSIVE, PLAIN, SPECULATE, Evidence, decide
+from harness.report.fmt import ci, f, pct_ci, table
+
+GROUP = ["target", "ngl", "threads", "policy", "category"]
+SHOWN_GAMMAS = (1, 2, 4, 8)
+
+
+def predicted_verdicts(r: pl.DataFrame) -> pl.DataFrame:
+    """Per group, the verdict over every (proposer, gamma) the replay predicted, and the timed run of the
+    configuration it names, where there is one."""
+    rows = []
+    for key, g in r.group_by(GROUP, maintain_order=True):
+        ev = [Evidence(f"{x['proposer']}|{x['gamma']}", x["speedup"], x["speedup_se"], x["prompts"])
+              for x in g.iter_rows(named=True)]
+        v = decide(ev)
+        if v.chosen is None:
+            continue
+        proposer, gamma = v.chosen.config.split("|")
+        x = g.filter((pl.col("proposer") == proposer) & (pl.col("gamma") == int(gamma))).row(0, named=True)
+        rows.append(dict(zip(GROUP, key)) | {"verdict": v.kind, "proposer": proposer, "gamma": int(gamma),
+                                             "speedup": x["speedup"], "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted,
+                                             "k": v.k, "prompts": x["prompts"], "further": v.further, "kind": x["kind"],
+                                             "timed": x["timed_speedup"], "timed_lo": x["timed_speedup_lo"],
+                                             "timed_hi": x["timed_speedup_hi"]})
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def confirmation(r: dict) -> str:
+    """Whether the timed run of the named configuration agrees: its interval on the same side of 1 as the
+    verdict says, or overlapping the prediction's when the verdict is open."""
+    if r["timed"] is None:
+        return "not timed"
+    if r["timed_lo"] is None:
+        return f"timed {r['timed']:.2f}x (one prompt)"
+    if r["verdict"] == PLAIN:
+        agrees = r["timed_hi"] < 1
+    elif r["verdict"] == SPECULATE:
+        agrees = r["timed_lo"] > 1
+    else:
+        agrees = r["timed_lo"] <= r["hi"] and r["lo"] <= r["timed_hi"]
+    return ("confirmed: " if agrees else "NOT confirmed: ") + ci(r["timed"], r["timed_lo"], r["timed_hi"], unit="x")
+
+
+def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
+    r = data.get("replay")
+    if r is None or not len(r):
+        if plan.get("params", {}).get("replay"):
+            return ["## Replay", "", "The replay did not finish (see the configurations that did not finish).", ""]
+        return ["This run has no replay (it predates it, or ran without --replay): the verdicts rest on the timed "
+                "configurations alone.", ""]
+    gm = int(r["gamma"].max())
+    v = predicted_verdicts(r)
+    vrows = [[x["category"], x["policy"], f"{x['proposer']} g={x['gamma']}",
+              ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"],
+              x["prompts"], "" if x["verdict"] != INCONCLUSIVE else
+              ("out of reach" if x["further"] is None else f"~{x['further']} more"), confirmation(x)]
+             for x in v.iter_rows(named=True)]
+    lines = ["## Predicted from every prompt (replay)", "",
+             "Each plain baseline's outputs were teacher-forced through every draft (and the n-gram proposals "
+             "recomputed from the same contexts): under greedy decoding this gives the exact steps of speculative "
+             f"decoding at every gamma up to {gm} (exact up to kernel near-ties); under sampling, the probability of "
+             "acceptance at each position (alpha = sum min(p, q) along the target's own output), from which the "
+             "*expected* steps follow. With the decode costs measured beside the replay, levelled to each "
+             "category's measured plain speed, that predicts the speedup of every configuration from every prompt. "
+             f"Verdicts as above, over all {r.select('proposer').n_unique()} proposers x {gm} gammas of a group "
+             "(Bonferroni for speculate); confirmed = the timed run of the named configuration agrees.", "",
+             table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
+                           "to settle", "timed run"]), ""]
+    return lines + _acceptance(r) + _costs(data.get("replay_costs")) + _speedup(r) + _against_timed(r)
+
+
+def _acceptance(r: pl.DataFrame) -> list[str]:
+    """Acceptance depends on the models, the prompts and the policy only: not on this machine."""
+    rows = []
+    for (cat, pol, prop), g in r.group_by(["category", "policy", "proposer"], maintain_order=True):
+        by = {x["gamma"]: x for x in g.iter_rows(named=True)}
+        rows.append([cat, pol, prop, by[1]["kind"], ci(by[1]["alpha"], by[1]["alpha_lo"], by[1]["alpha_hi"], ".3f")]
+                    + [ci(by[k]["mean_accepted_len"], by[k]["mean_accepted_len_lo"], by[k]["mean_accepted_len_hi"])
+                       if k in by else "" for k in SHOWN_GAMMAS])
+    return ["### Acceptance (models, prompts and policy only)", "",
+            "alpha: per position (greedy: the rate at which the draft's proposal matches the output); mean accepted "
+            "drafts per verification step at gamma 1, 2, 4, 8. Exact under greedy, expected under sampling.", "",
+            table(rows, ["category", "policy", "proposer", "kind", "alpha"] + [f"accepted/step g={k}"
+                                                                              for k in SHOWN_GAMMAS]), ""]
+
+
+def _costs(c: pl.DataFrame | None) -> list[str]:
+    """Cost depends on this machine only: the target's verification blocks against one decode, the draft's."""
+    if c is None or not len(c):
+        return []
+    rows = []
+    for x in c.iter_rows(named=True):
+        for ctx, t, d in zip(x["contexts"], x["target_ms_by_context"], x["draft_ms_by_context"]):
+            rows.append([x["policy"], x["proposer"], ctx, f(t[0], ".1f")]
+                        + [f(t[k - 1] / t[0], ".2f") + "x" if k <= len(t) else "" for k in (2, 3, 5, 9)]
+                        + [f(d[0], ".2f") if d else ""])
+    return ["### Cost (this machine only)", "",
+            "Measured beside the replay, with the prompts' own text in the cache: one target decode, a verification "
+            "block of k tokens against it, and one draft decode (an n-gram lookup's own time).", "",
+            table(rows, ["policy", "proposer", "cached tokens", "target ms", "k=2", "k=3", "k=5", "k=9",
+                         "draft ms"]), ""]
+
+
+def _speedup(r: pl.DataFrame) -> list[str]:
+    rows = []
+    for (cat, pol, prop), g in r.group_by(["category", "policy", "proposer"], maintain_order=True):
+        best = g.sort("speedup", descending=True).row(0, named=True)
+        one = g.filter(pl.col("gamma") == 1).row(0, named=True)
+        rows.append([cat, pol, prop, best["gamma"], ci(best["speedup"], best["speedup_lo"], best["speedup_hi"],
+                                                      unit="x"),
+                     ci(one["speedup"], one["speedup_lo"], one["speedup_hi"], unit="x")])
+    return ["### Predicted speedup (acceptance and cost combined)", "", table(
+        rows, ["category", "policy", "proposer", "best gamma", "at best gamma", "at gamma 1"]), ""]
+
+
+def _against_timed(r: pl.DataFrame) -> list[str]:
+    t = r.filter(pl.col("timed_speedup").is_not_null())
+    if not len(t):
+        return []
+    rows = [[x["category"], x["policy"], x["proposer"], x["gamma"],
+             pct_ci(x["acceptance_rate"], x["acceptance_rate_lo"], x["acceptance_rate_hi"]),
+             f(x["timed_acceptance_rate"], ".0%"), ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
+             ci(x["timed_speedup"], x["timed_speedup_lo"], x["timed_speedup_hi"], unit="x"),
+             f(x["speedup"] / x["timed_speedup"] - 1, "+.0%")]
+            for x in t.sort(["category", "policy", "proposer", "gamma"]).iter_rows(named=True)]
+    within = sum(abs(x["speedup"] / x["timed_speedup"] - 1) <= 0.10 for x in t.iter_rows(named=True))
+    return ["### Replayed against timed", "",
+            f"Where the sweep also timed a configuration: acceptance replayed and timed, speedup predicted and "
+            f"measured. Predicted within 10% of measured in {within} of {len(t)} rows. Greedy acceptance differs "
+            "only past a kernel near-tie (after it the two continue on different text); the replay's prompts are "
+            "the category's all, the timed run's may be fewer.", "",
+            table(rows, ["category", "policy", "proposer", "gamma", "acceptance (replayed)", "(timed)",
+                         "speedup (predicted)", "(measured)", "error"]), ""]
