@@ -155,6 +155,8 @@ def check(target, draft, prompts_path, as_json):
               help="Teacher-force every draft along the plain baselines' outputs: acceptance and predicted speedup "
                    "at every gamma up to --replay-gamma, from every prompt.")
 @click.option("--replay-gamma", type=int, help="Replay gamma 1..N (default 8).")
+@click.option("--timed-subset", type=int, help="With --replay: time only each proposer's predicted best gamma and "
+                                              "gamma 1 per category, on its first N prompts.")
 @click.option("--until-confident", is_flag=True, default=None,
               help="Add prompts to categories whose verdict is inconclusive, one per round, until all settle.")
 @click.option("--budget-min", type=float, help="With --until-confident: stop adding rounds after this many "

@@ -15,7 +15,7 @@ from harness.sampling import Policy
 
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
-               "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma")
+               "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset")
 
 
 def profiles_file() -> Path:
@@ -48,6 +48,8 @@ class Params:
     busy_threshold: float = 0.05  # share of all cores other processes may use before the machine is busy
     replay: bool = False  # teacher-force every draft along the baselines' outputs: acceptance at every gamma
     replay_gamma: int = 8  # ...up to this gamma
+    timed_subset: int = 0  # with replay: time only each proposer's predicted best gamma and gamma 1 per category,
+    # on its first N prompts (0: time every configuration on every prompt)
 
 
 def load_profile(name: str, path: Path | None = None) -> dict:
@@ -69,7 +71,7 @@ def load_profile(name: str, path: Path | None = None) -> dict:
 
 SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
-                "busy_threshold": (int, float), "replay": bool, "replay_gamma": int}
+                "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:
@@ -115,6 +117,11 @@ def check(p: Params) -> None:
             raise HarnessError("--budget-min bounds --until-confident: give both")
     if p.replay_gamma < 1:
         raise HarnessError(f"--replay-gamma must be >= 1, got {p.replay_gamma}")
+    if p.timed_subset < 0 or (p.timed_subset and not p.replay):
+        raise HarnessError("--timed-subset N (N >= 1 prompts per category) times what the replay chose: give --replay")
+    if p.timed_subset and p.until_confident:
+        raise HarnessError("--until-confident adds prompts to timed configurations; with --timed-subset every prompt "
+                           "is replayed already: give one or the other")
     if not 0 < p.busy_threshold <= 1:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
 

@@ -66,3 +66,35 @@ def test_a_run_without_replay_says_so_once(replay_run):
     assert old.read_text().count("This run has no replay") == 1
     run, md = replay_run
     assert harness("report", str(run), "--check").returncode == 0
+
+
+def test_timed_subset_times_what_the_replay_chose(tmp_path, smol, smol_q2k):
+    """Only baselines on every prompt, then, per category and policy, each proposer's predicted best gamma and
+    gamma 1, on the category's first prompt."""
+    out = tmp_path / "r"
+    r = harness("bench", "--target", T, "--draft", f"{D},ngram:2", "--gamma", "1,2,3", "--temp", "0",
+                "--categories", "code,grounded", "--per-category", "2", "--max-tokens", "12", "--replay",
+                "--replay-gamma", "3", "--timed-subset", "1", "--paired", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
+    plan = json.loads((run / "plan.json").read_text())
+    results = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
+    timed = {x["config"] for x in results if x["draft"] != "none"}
+    assert timed == set(plan["timed"]) and all(x["status"] == "ok" for x in results)
+    assert set(sum(plan["timed"].values(), [])) <= {"code-01", "grounded-01"}
+    by_id = {i_id: i for i_id, i in ((x["config"], x) for x in results)}
+    chosen = {(by_id[c]["draft"], by_id[c]["gamma"]) for c in timed}
+    assert {(D, 1), ("ngram:2", 1)} <= chosen  # gamma 1 always, beside each proposer's predicted best
+    md = (out / f"{run.name}.md").read_text()
+    assert md.index("## Predicted from every prompt (replay)") < md.index("## Verdict per category")
+    assert "## Drift" not in md  # the timed subset is paired; the baselines ran on every prompt once
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--timed-subset", "1"], ["--timed-subset", "--replay"]),
+    (["--replay", "--replay-gamma", "0"], ["--replay-gamma", ">= 1"]),
+    (["--replay", "--timed-subset", "1", "--until-confident"], ["--until-confident", "--timed-subset"]),
+])
+def test_bad_replay_options_are_one_line(tmp_path, args, words):
+    from tests.test_bench import one_line_error
+    one_line_error(harness("bench", "--target", T, *args, "--out", str(tmp_path / "r")), *words)

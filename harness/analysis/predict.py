@@ -59,7 +59,7 @@ def generation(prompt: dict, rep: dict | None, proposer: str, gamma: int, costs:
         first = [b[0] for b in blocks if b] if blocks is not None else rep["alpha"][:n + eos]
         spec = step_matrix([n], [e["ms"]], [e["accepted"]], [e["proposed"]], [sum(first)], [len(first)], e["ms"],
                            spec=True)
-        spec[:, 6] = e["steps"]  # verification steps: expected, not one
+        spec[:, 6] = e["vsteps"]  # verification steps: expected, not one
     return Generation(spec, _plain(n, eos, costs))
 
 

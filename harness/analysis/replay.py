@@ -97,18 +97,19 @@ def step_ms(step: Step, costs, gamma: int, backlog: int = 0) -> float:
 
 def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int, eos: bool, costs=None,
              blocks: Sequence[Sequence[float]] | None = None) -> dict:
-    """Expected steps, proposed, accepted and (with costs) milliseconds of speculative decoding at a fixed gamma:
+    """Expected steps, verification steps (those that proposed), proposed, accepted and (with costs) milliseconds
+    of speculative decoding at a fixed gamma:
     a dynamic program over positions, from the end back. A draft model's token at position j is accepted with
     probability alpha[j], independently. A lookup proposer (n-gram) instead proposes, from a step that starts at
     j, the tokens it found there, accepted with probabilities blocks[j] (as many as it proposes; none: a plain
     step)."""
     end = min(n + eos, max_tokens)
-    zero = {"steps": 0.0, "proposed": 0.0, "accepted": 0.0, "ms": 0.0}
+    zero = {"steps": 0.0, "vsteps": 0.0, "proposed": 0.0, "accepted": 0.0, "ms": 0.0}
     f = [dict(zero) for _ in range(end + 1)]
     for j in range(end - 1, -1, -1):
         probs = blocks[j] if blocks is not None else alpha[j:]
         g = min(gamma, max_tokens - j - 1, len(probs) if blocks is not None else gamma)
-        acc = {"steps": 1.0, "proposed": float(g), "accepted": 0.0, "ms": 0.0}
+        acc = {"steps": 1.0, "vsteps": float(g > 0), "proposed": float(g), "accepted": 0.0, "ms": 0.0}
         reach = 1.0  # P(the first k drafts accepted)
         for k in range(g + 1):
             a_k = probs[k] if k < min(g, len(probs)) else 0.0
@@ -117,8 +118,8 @@ def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int,
                 step, ended = _step(j, g, g, k, n, eos)
                 nxt = zero if ended else f[min(j + step.emitted, end)]
                 acc["accepted"] += p * (step.accepted + nxt["accepted"])
-                acc["steps"] += p * nxt["steps"]
-                acc["proposed"] += p * nxt["proposed"]
+                for key in ("steps", "vsteps", "proposed"):
+                    acc[key] += p * nxt[key]
                 if costs is not None:
                     acc["ms"] += p * (step_ms(step, costs, gamma) + nxt["ms"])
             reach *= a_k

@@ -91,6 +91,9 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
             if i.id in skipped:
                 record_result(run_dir, {"config": i.id, "unit": u, "round": r, **asdict(i), "status": "skipped",
                                         "error": skipped[i.id]})
+            elif params.timed_subset and not i.baseline:  # timed only if the replay chose it (on its prompts)
+                if i.id in plan.get("timed", {}):
+                    todo.append((i, r, [by_id[x] for x in plan["timed"][i.id]]))
             else:
                 todo.append((i, r, [by_id[x] for x in ids]))
     click.echo(f"run directory: {run_dir}", err=True)
@@ -105,9 +108,18 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
         _run_units(todo, params, run_dir)
         if params.replay:
             _replay(instances, skipped, first, params, run_dir)
+        if params.timed_subset and "timed" not in plan:
+            from harness.bench.subset import choose
+            plan["timed"] = choose(run_dir, [i for i in instances if i.id not in skipped], first,
+                                   params.timed_subset)
+            write_plan(run_dir, plan)
+            click.echo(f"timed subset from the replay: {len(plan['timed'])} configuration(s)", err=True)
+            _run_units([(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]],
+                       params, run_dir)
         if params.until_confident:
             _until_confident(instances, skipped, pool, rounds, params, run_dir, plan)
-        _closing_baselines(instances, skipped, first, params, run_dir)
+        if not params.timed_subset:  # the timed subset is paired; its baselines ran on every prompt
+            _closing_baselines(instances, skipped, first, params, run_dir)
     except KeyboardInterrupt:
         if params.until_confident:
             plan["until_confident"] = plan.get("until_confident", {}) | {"stopped": "interrupted"}

@@ -27,7 +27,7 @@ def draw_plots(run_dir: Path, data: dict[str, pl.DataFrame]) -> None:
         return
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
-    plots.verdicts(data.get("verdicts"), out)
+    plots.verdicts(data["replay_verdicts"] if "replay_verdicts" in data else data.get("verdicts"), out)
     plots.gamma_curves(sweep, out)
     cm = data.get("cost_model")
     points = [] if cm is None else [(r["predicted"], r["speedup"], r["category"]) for r in cm.iter_rows(named=True)

@@ -24,8 +24,9 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
     if sweep is None or not len(sweep):
         lines += ["No configuration finished.", ""]
     else:
-        lines += _verdicts(data.get("verdicts"), plan) + _verdict_plot(run_dir, rel) + replayed.sections(
-            data, plan) + sections.until_confident(plan, data.get("verdicts"))
+        # with a replay, the verdicts predicted from every prompt come first; the timed ones check them
+        lines += replayed.sections(data, plan) + _verdicts(data.get("verdicts"), plan) + \
+            _verdict_plot(run_dir, rel) + sections.until_confident(plan, data.get("verdicts"))
     lines += _machine(plan, rel)
     if sweep is not None and len(sweep):
         lines += sections.noise(data, plan) + sections.drift(sweep) + sections.per_category(sweep) + \
@@ -90,7 +91,8 @@ def _why(r: dict) -> str:
 def _verdict_plot(run_dir: Path, rel: Path) -> list[str]:
     if not (run_dir / "plots" / VERDICT_PLOT).exists():
         return []
-    return [f"![Best speedup per category with its 95% interval]({(rel / 'plots' / VERDICT_PLOT).as_posix()})", ""]
+    return [f"![Best speedup per category with its 95% interval (predicted from every prompt where the run has a "
+            f"replay)]({(rel / 'plots' / VERDICT_PLOT).as_posix()})", ""]
 
 
 def _machine(plan: dict, rel: Path) -> list[str]:

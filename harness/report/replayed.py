@@ -43,8 +43,10 @@ def confirmation(r: dict) -> str:
         agrees = r["timed_hi"] < 1
     elif r["verdict"] == SPECULATE:
         agrees = r["timed_lo"] > 1
-    else:
+    else:  # nothing settled to confirm: do the two intervals meet
         agrees = r["timed_lo"] <= r["hi"] and r["lo"] <= r["timed_hi"]
+        return ("consistent: " if agrees else "NOT consistent: ") + ci(r["timed"], r["timed_lo"], r["timed_hi"],
+                                                                      unit="x")
     return ("confirmed: " if agrees else "NOT confirmed: ") + ci(r["timed"], r["timed_lo"], r["timed_hi"], unit="x")
 
 
@@ -56,7 +58,7 @@ def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
         return ["This run has no replay (it predates it, or ran without --replay): the verdicts rest on the timed "
                 "configurations alone.", ""]
     gm = int(r["gamma"].max())
-    v = predicted_verdicts(r)
+    v = data["replay_verdicts"]
     vrows = [[x["category"], x["policy"], f"{x['proposer']} g={x['gamma']}",
               ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"],
               x["prompts"], "" if x["verdict"] != INCONCLUSIVE else
@@ -69,8 +71,10 @@ def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
              "acceptance at each position (alpha = sum min(p, q) along the target's own output), from which the "
              "*expected* steps follow. With the decode costs measured beside the replay, levelled to each "
              "category's measured plain speed, that predicts the speedup of every configuration from every prompt. "
-             f"Verdicts as above, over all {r.select('proposer').n_unique()} proposers x {gm} gammas of a group "
-             "(Bonferroni for speculate); confirmed = the timed run of the named configuration agrees.", "",
+             "The verdicts are those of the timed table below (speculate, plain decoding, inconclusive; 95%), over "
+             f"all {r.select('proposer').n_unique()} proposers x {gm} gammas of a group (widened for speculate). "
+             "Timed run: the named configuration, timed; confirmed when its interval lies on the verdict's side of "
+             "1, consistent (for an open verdict) when the two intervals meet.", "",
              table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
                            "to settle", "timed run"]), ""]
     return lines + _acceptance(r) + _costs(data.get("replay_costs")) + _speedup(r) + _against_timed(r)

@@ -132,7 +132,8 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, cfg: pl.DataFr
                                                   "acceptance_rate", "mean_accepted_len", "prompts")])
     pred = pred.join(timed, on=["base", "category", "proposer", "gamma"], how="left").join(
         cfg.select(pl.col("config").alias("base"), "target", "ngl", "threads"), on="base", how="left")
-    return {"replay": pred, "replay_costs": costs}
+    from harness.report.replayed import predicted_verdicts
+    return {"replay": pred, "replay_costs": costs, "replay_verdicts": predicted_verdicts(pred)}
 
 
 def records_of(records: list[dict], kind: str) -> list[dict]:
