@@ -103,7 +103,8 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     source = "the calibrations" if (run_dir / "calibration").is_dir() and any((run_dir / "calibration").iterdir()) \
         else "a plain decode of each model, timed on the idle machine"
     click.echo(f"estimated time: about {est / 60:.1f} min (from {source}"
-               + ("; more if --until-confident adds prompts" if params.until_confident else "") + ")", err=True)
+               + ("; more if --until-confident adds prompts" if params.until_confident else "")
+               + ("; the replay and the timed subset come on top" if params.timed_subset else "") + ")", err=True)
     try:
         _run_units(todo, params, run_dir)
         if params.replay:
