@@ -47,10 +47,13 @@ class Costs:
         return expected_tokens(alpha, gamma) / self.step_ms(gamma, alpha)
 
 
-def predicted_speedup(alpha: float, gamma: int, costs: Costs) -> float:
+def predicted_speedup(alpha: float, gamma: int, costs: Costs, share: float = 1.0) -> float:
     """E(alpha, gamma) * T_target(1) / (T_draft(gamma) + T_verify(gamma+1) + overhead), with T_draft(gamma) =
-    gamma * T_draft(1) (+ the bonus catch-up when a draft curve is known)."""
-    return expected_tokens(alpha, gamma) * costs.target_ms[0] / costs.step_ms(gamma, alpha)
+    gamma * T_draft(1) (+ the bonus catch-up when a draft curve is known). share: the fraction of steps that
+    proposed anything (a lookup proposer often finds nothing: those steps decode one token plainly)."""
+    tokens = share * expected_tokens(alpha, gamma) + (1 - share)
+    ms = share * costs.step_ms(gamma, alpha) + (1 - share) * (costs.target_ms[0] + costs.overhead_ms)
+    return tokens * costs.target_ms[0] / ms
 
 
 def best_speculative(alpha: float, costs: Costs, gamma_max: int) -> int:

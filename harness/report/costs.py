@@ -45,7 +45,8 @@ def cost_model(sweep: pl.DataFrame, run_dir: Path, measured: dict[str, dict]) ->
             _costs_for(r, run_dir, measured[r["config"]])
         if costs is None or r["gamma"] + 1 > len(costs.target_ms):
             continue
-        pred = None if r["adaptive"] else predicted_speedup(r["alpha"], r["gamma"], costs)
+        share = r["verify_steps"] / r["target_calls"] if r["target_calls"] else 1.0  # steps that proposed
+        pred = None if r["adaptive"] else predicted_speedup(r["alpha"], r["gamma"], costs, share)
         rows.append({k: r[k] for k in ("category", "policy", "draft", "gamma", "gamma_label", "adaptive", "alpha",
                                        "speedup", "tokens_per_call_rse")}
                     | {"predicted": pred, "error": pred / r["speedup"] - 1 if pred and r["speedup"] else None})
