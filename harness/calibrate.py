@@ -59,20 +59,26 @@ def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, r
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def in_situ(target: Engine, draft: Engine | None, tokens: list[int], k_max: int, reps: int = 3) -> dict:
+def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max: int,
+            contexts: tuple[int, ...] = CONTEXTS, reps: int = 3) -> dict:
     """The decode costs a worker's rows will pay, measured in the worker seconds before them: the target's
-    verification blocks (all logits) and the draft's decodes (last logits) of k = 1..k_max tokens after
-    `tokens` (real prompt text, as long as the rows' mean context). A calibration taken minutes earlier can
-    be stale: on a 2-core VM the batched decodes slowed by 13% relative to single-token ones between the
-    run's calibration and its sweep."""
-    out = {"type": "costs", "context": len(tokens), "k": k_max}
-    for role, e, logits in (("target_ms", target, "all"), ("draft_ms", draft, "last")):
+    verification blocks (all logits) and the draft's decodes (last logits) of k = 1..k_max tokens, after each
+    of `contexts` cached tokens of real prompt text (interpolated to each row's own context). A calibration
+    taken minutes earlier can be stale: on a 2-core VM the batched decodes slowed by 13% relative to
+    single-token ones between the run's calibration and its sweep."""
+    engines = [e for e in (target, draft) if e is not None]
+    room = min(e.n_ctx for e in engines) - k_max - 2
+    ctxs = [c for c in contexts if c <= room] or [room]
+    filler = (text * (ctxs[-1] // max(len(text), 1) + 1))[:ctxs[-1]]
+    out = {"type": "costs", "contexts": ctxs, "k": k_max}
+    for role, e, logits in (("target_ms_by_context", target, "all"), ("draft_ms_by_context", draft, "last")):
         if e is None:
             continue
-        e.reset()
-        e.decode(tokens, logits="none")
-        block = tokens[-k_max:] if len(tokens) >= k_max else (tokens * k_max)[:k_max]
-        out[role] = [round(x, 3) for x in time_blocks(e, len(tokens), block, k_max, reps, logits)]
+        out[role] = []
+        for c in ctxs:
+            e.reset()
+            e.decode(filler[:c], logits="none")
+            out[role].append([round(x, 3) for x in time_blocks(e, c, filler[c - k_max:c], k_max, reps, logits)])
         e.reset()
     return out
 

@@ -8,26 +8,31 @@ from collections import defaultdict
 import numpy as np
 
 from harness.analysis.intervals import Generation, Row, row_intervals, step_matrix
-from harness.analysis.replay import expected, greedy_steps, ngram_steps, step_ms
+from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, step_ms
+from harness.analysis.replay import replay_step
 from harness.costmodel import Costs
 
 FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")
 
 
-def costs_at(rec: dict, context: float, plain_ms: float | None) -> Costs:
-    """A replay costs record at `context` cached tokens (linear between its two contexts), the target's curve
-    levelled so that a plain step (one decode and its overhead) costs the measured plain ms per token."""
+def costs_at(rec: dict, context: float, plain_ms: float | None, overhead_ms: float | None = None) -> Costs:
+    """A costs record (measured in a worker or beside the replay) at `context` cached tokens (linear between its
+    contexts). One decode costs what plain decoding measured per token (less the loop's overhead), where known:
+    the plain twins ran on the real prompts, seconds from the rows; the verification blocks and the draft's
+    decodes cost what was measured."""
+    if "target_ms" in rec:  # a record from before two contexts were measured
+        rec = rec | {"contexts": [rec["context"]], "target_ms_by_context": [rec["target_ms"]],
+                     "draft_ms_by_context": [rec.get("draft_ms") or []]}
     xs = rec["contexts"]
     w = 0.0 if len(xs) == 1 or context <= xs[0] else 1.0 if context >= xs[-1] else (context - xs[0]) / (xs[-1] - xs[0])
 
     def at(rows):
-        return [a + w * (b - a) for a, b in zip(rows[0], rows[-1])]
-    t, d = at(rec["target_ms_by_context"]), at(rec["draft_ms_by_context"])
-    oh = rec.get("overhead_ms", 0.0)
+        return [a + w * (b - a) for a, b in zip(rows[0], rows[-1])] if rows and rows[0] else []
+    t, d = at(rec["target_ms_by_context"]), at(rec.get("draft_ms_by_context") or [])
+    oh = rec.get("overhead_ms", 0.0) if overhead_ms is None else overhead_ms
     if plain_ms:
-        level = max(plain_ms - oh, 1e-6) / t[0]
-        t = [x * level for x in t]
-    return Costs(t, d[0], oh, draft_curve=tuple(d))
+        t = [max(plain_ms - oh, 1e-6), *t[1:]]
+    return Costs(t, d[0] if d else 0.0, oh, draft_curve=tuple(d))
 
 
 def _plain(n: int, eos: bool, costs: Costs) -> np.ndarray:
@@ -36,18 +41,50 @@ def _plain(n: int, eos: bool, costs: Costs) -> np.ndarray:
     return step_matrix([1] * n + [0] * eos, [ms] * (n + eos), None, None, None, None, ms * (n + eos), spec=False)
 
 
+def adaptive_steps(match: list[bool], n: int, max_tokens: int, gamma_max: int, eos: bool,
+                   costs: Costs) -> list[tuple[Step, int]]:
+    """Greedy steps with gamma chosen per step by the adaptive controller (costmodel.AdaptiveGamma) told what
+    each step accepted and cost, as the loop tells it; with each step's catch-up backlog."""
+    from harness.costmodel import AdaptiveGamma
+    ctl = AdaptiveGamma(costs, gamma_max)
+    ctl.begin()
+    steps, j, backlog = [], 0, 0
+    while j < n + eos and j < max_tokens:
+        g = ctl.choose(max_tokens - j)
+        k = 0
+        while k < g and j + k < len(match) and match[j + k]:
+            k += 1
+        step, ended = replay_step(j, g, k, n, eos)
+        ctl.observe([1.0] * step.accepted + [0.0] * step.rejected, g,
+                    step_ms(step, costs, g, backlog) - costs.verify(g + 1) - costs.overhead_ms * (g + 1) if g else None,
+                    costs.verify(g + 1))
+        steps.append((step, backlog))
+        backlog = 0 if g else backlog + 1
+        j += step.emitted
+        if ended:
+            break
+    return steps
+
+
 def generation(prompt: dict, rep: dict | None, proposer: str, gamma: int, costs: Costs, greedy: bool,
-               lookup=None) -> Generation | None:
-    """The predicted speculative generation of one prompt beside its plain twin."""
+               lookup=None, adaptive: bool = False) -> Generation | None:
+    """The predicted speculative generation of one prompt beside its plain twin (adaptive: gamma chosen per step
+    up to `gamma`, greedy and a draft model only)."""
     out, n, eos, m = prompt["tokens"], len(prompt["tokens"]), prompt["stop_token"] is not None, prompt["max_tokens"]
     if greedy:
-        if lookup is not None:
+        if adaptive:
+            if rep is None:
+                return None
+            sb = adaptive_steps([bool(x) for x in rep["match"]], n, m, gamma, eos, costs)
+            steps, ms = [s for s, _ in sb], [step_ms(s, costs, s.proposed, b) for s, b in sb]
+        elif lookup is not None:
             steps = ngram_steps(prompt["prompt_tokens"], out, prompt["stop_token"], m, gamma, lookup)
+            ms = [step_ms(s, costs, gamma) for s in steps]
         elif rep is not None:
             steps = greedy_steps([bool(x) for x in rep["match"]], n, m, gamma, eos)
+            ms = [step_ms(s, costs, gamma) for s in steps]
         else:
             return None
-        ms = [step_ms(s, costs, gamma) for s in steps]
         spec = step_matrix([s.emitted for s in steps], ms, [s.accepted for s in steps], [s.proposed for s in steps],
                            [s.accepted for s in steps], [s.accepted + s.rejected for s in steps], sum(ms), spec=True)
     else:
@@ -88,14 +125,17 @@ def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dic
         for cat, ps in by_cat.items():
             context = float(np.mean([len(p["prompt_tokens"]) + len(p["tokens"]) / 2 for p in ps]))
             c = costs_at(crec, context, plain_ms.get((config, cat)))
-            for gamma in range(1, gamma_max + 1):
-                gens = [(p["prompt_id"], generation(p, reps.get((config, policy, p["prompt_id"], proposer)), proposer,
-                                                   gamma, c, greedy, lookup)) for p in ps]
-                row = Row([[g] for _, g in gens if g is not None])
+            # every fixed gamma; and, greedy with a draft model, the adaptive controller up to gamma_max
+            runs = [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
+            for gamma, adaptive in runs:
+                gens = [generation(p, reps.get((config, policy, p["prompt_id"], proposer)), proposer, gamma, c,
+                                   greedy, lookup, adaptive) for p in ps]
+                row = Row([[g] for g in gens if g is not None])
                 if not row.prompts:
                     continue
-                iv = row_intervals(row, f"replay/{config}/{cat}/{proposer}/{gamma}")
+                iv = row_intervals(row, f"replay/{config}/{cat}/{proposer}/{gamma}" + ("/auto" if adaptive else ""))
                 out.append({"config": config, "policy": policy, "category": cat, "proposer": proposer,
-                            "gamma": gamma, "kind": "exact" if greedy else "expected", "prompts": iv["prompts"]}
+                            "gamma": gamma, "adaptive": adaptive, "kind": "exact" if greedy else "expected",
+                            "prompts": iv["prompts"]}
                            | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
     return out

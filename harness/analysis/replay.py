@@ -39,7 +39,7 @@ def _advance(j: int, k: int, n: int, eos: bool) -> tuple[int, int, bool]:
     return k, k + 1, False
 
 
-def _step(j: int, g: int, proposed: int, k: int, n: int, eos: bool) -> tuple[Step, bool]:
+def replay_step(j: int, proposed: int, k: int, n: int, eos: bool) -> tuple[Step, bool]:
     """A step from position j that proposed `proposed` drafts and matched k of them in a row."""
     acc, emitted, ended = _advance(j, k, n, eos)
     return Step(proposed, acc, emitted, k < proposed and not (eos and n - j < k)), ended
@@ -54,7 +54,7 @@ def greedy_steps(match: Sequence[bool], n: int, max_tokens: int, gamma: int, eos
         k = 0
         while k < g and j + k < len(match) and match[j + k]:
             k += 1
-        step, ended = _step(j, g, g, k, n, eos)
+        step, ended = replay_step(j, g, k, n, eos)
         steps.append(step)
         j += step.emitted
         if ended:
@@ -76,7 +76,7 @@ def ngram_steps(context: Sequence[int], out: Sequence[int], eos_token: int | Non
         k = 0
         while k < len(tokens) and j + k < len(target) and tokens[k] == target[j + k]:
             k += 1
-        step, ended = _step(j, g, len(tokens), k, n, eos)
+        step, ended = replay_step(j, len(tokens), k, n, eos)
         steps.append(step)
         j += step.emitted
         if ended:
@@ -115,7 +115,7 @@ def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int,
             a_k = probs[k] if k < min(g, len(probs)) else 0.0
             p = reach * (1 - a_k) if k < g else reach  # P(exactly k accepted)
             if p > 0:
-                step, ended = _step(j, g, g, k, n, eos)
+                step, ended = replay_step(j, g, k, n, eos)
                 nxt = zero if ended else f[min(j + step.emitted, end)]
                 acc["accepted"] += p * (step.accepted + nxt["accepted"])
                 for key in ("steps", "vsteps", "proposed"):

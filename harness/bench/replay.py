@@ -23,7 +23,7 @@ KIND = "replay"
 
 def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
                 run_dir: Path) -> dict:
-    from harness.calibrate import CONTEXTS, in_situ
+    from harness.calibrate import in_situ
     from harness.engine import Engine, EngineConfig, teacher_forced
     from harness.pair import parse_ngram
     from harness.sampling import Policy, process
@@ -85,18 +85,13 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                     rows = teacher_forced(engines[name], toks, forced)
                     alpha = [round(overlap(p, process(r, policy)), 6) for p, r in zip(p_rows, rows)]
                     tw.write({"type": KIND, **common, "proposer": name, "alpha": alpha})
-        if texts:  # costs at a short and a long context over the prompts' own text (interpolated per category)
+        if texts:  # costs over the prompts' own text at a short and a long context (interpolated per category)
             text = [t for x in texts for t in x]
-            contexts = [c for c in CONTEXTS if c <= target.n_ctx - gamma_max - 3] or [target.n_ctx - gamma_max - 3]
-            filler = (text * (contexts[-1] // len(text) + 1))[:contexts[-1]]
-            t_ms = [in_situ(target, None, filler[:c], gamma_max + 1)["target_ms"] for c in contexts]
+            t = in_situ(target, None, text, gamma_max + 1)
             for name in proposers:
-                if name in engines:
-                    d_ms = [in_situ(None, engines[name], filler[:c], gamma_max + 1)["draft_ms"] for c in contexts]
-                else:  # an n-gram lookup: its proposals' own time, the same at every k
-                    d_ms = [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(contexts)
-                tw.write({"type": "costs", "proposer": name, "contexts": contexts, "target_ms_by_context": t_ms,
-                          "draft_ms_by_context": d_ms, "overhead_ms": overhead})
+                d = in_situ(None, engines[name], text, gamma_max + 1)["draft_ms_by_context"] if name in engines \
+                    else [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(t["contexts"])  # a lookup's own time
+                tw.write(t | {"proposer": name, "draft_ms_by_context": d, "overhead_ms": overhead})
         return {"status": "ok", "prompts": len(texts), "wall_s": time.perf_counter() - t0}
     finally:
         tw.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
+
 from harness.plan import Instance
 
 
@@ -22,7 +24,7 @@ def choose(run_dir: Path, instances: list[Instance], prompts: list, n: int) -> d
     by_key = {(i.target, i.ngl, i.threads, Policy(**i.policy).label, i.draft, i.gamma): i.id
               for i in instances if not i.baseline and not i.adaptive}
     chosen: dict[str, list[str]] = {}
-    for (target, ngl, threads, policy, cat, proposer), g in pred.group_by(
+    for (target, ngl, threads, policy, cat, proposer), g in pred.filter(~pl.col("adaptive")).group_by(
             ["target", "ngl", "threads", "policy", "category", "proposer"], maintain_order=True):
         best = int(g.sort("speedup", descending=True)["gamma"][0])
         for gamma in dict.fromkeys((best, 1)):

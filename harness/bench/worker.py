@@ -109,12 +109,9 @@ def record_divergence(target, prompt: list[int], spec_trace, plain: list[int]) -
 
 
 def measure_costs(pair, requests: list, k_max: int) -> dict:
-    """calibrate.in_situ at the requests' mean context (prompt plus half the generation), over their own text."""
+    """calibrate.in_situ over the requests' own text."""
     from harness.calibrate import in_situ
-    mean = sum(len(r.tokens) + r.max_tokens / 2 for r in requests) / len(requests)
-    text = [t for r in requests for t in r.tokens]
-    n = max(1, min(int(mean), pair.target.n_ctx - k_max - 2))
-    return in_situ(pair.target, pair.draft_engine, (text * (n // len(text) + 1))[:n], k_max)
+    return in_situ(pair.target, pair.draft_engine, [t for r in requests for t in r.tokens], k_max)
 
 
 def warm_up(pair, tokens: list[int], gamma: int) -> None:

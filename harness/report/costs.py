@@ -10,25 +10,30 @@ import polars as pl
 def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     from dataclasses import replace
 
+    from harness.analysis.predict import costs_at as measured_at
     from harness.calibrate import costs_at
-    from harness.costmodel import Costs
     from harness.engine import EngineConfig
     from harness.pair import parse_ngram
+    plain_ms = 1 / r["ref_tokens_per_ms"] if r["ref_tokens_per_ms"] else None
     if measured is not None:  # measured in the row's worker, seconds before its generations
-        d = measured.get("draft_ms") or []
-        costs = Costs(list(measured["target_ms"]), d[0] if d else 0.0, r["overhead_ms_per_call"] or 0.0,
-                      draft_curve=tuple(d))
-    else:
-        draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
-        # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
-        costs = costs_at(run_dir / "calibration", r["target"], draft,
-                         EngineConfig(threads=r["threads"]).resolved_threads(), r["ngl"], r["ngl_draft"],
-                         r["context"], r["overhead_ms_per_call"] or 0.0)
-    if costs is None or not r["ref_tokens_per_ms"]:
+        costs = measured_at(measured, r["context"], None, r["overhead_ms_per_call"] or 0.0)
+        if not plain_ms:
+            return costs
+        if len(measured.get("contexts", [])) > 1:
+            # plain decoding costs what the row's plain twins took per token, on the real prompts; the blocks and
+            # the draft what was measured, interpolated to the row's context
+            return replace(costs, target_ms=[plain_ms, *costs.target_ms[1:]])
+        # measured at one context only (runs from before two were): levelled to the plain twins as a whole
+        return replace(costs, target_ms=[x * plain_ms / costs.target_ms[0] for x in costs.target_ms])
+    draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
+    # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
+    costs = costs_at(run_dir / "calibration", r["target"], draft, EngineConfig(threads=r["threads"]).resolved_threads(),
+                     r["ngl"], r["ngl_draft"], r["context"], r["overhead_ms_per_call"] or 0.0)
+    if costs is None or not plain_ms:
         return costs
-    # the measured curve gives the shape; its level comes from the row's plain reference, measured on the real
-    # prompts (filler text at an interpolated context misjudges long prompts)
-    level = 1 / r["ref_tokens_per_ms"] / costs.target_ms[0]
+    # a calibration from the start of the run gives the curve's shape; its level comes from the row's plain
+    # reference, measured on the real prompts (filler text at an interpolated context misjudges long prompts)
+    level = plain_ms / costs.target_ms[0]
     return replace(costs, target_ms=[x * level for x in costs.target_ms])
 
 

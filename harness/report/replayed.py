@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from harness.analysis.verdict import INCONCLUSIVE, PLAIN, SPECULATE, Evidence, decide
-from harness.report.fmt import ci, f, pct_ci, table
+from harness.report.fmt import ci, f, table
 
 GROUP = ["target", "ngl", "threads", "policy", "category"]
 SHOWN_GAMMAS = (1, 2, 4, 8)
@@ -17,14 +17,14 @@ def predicted_verdicts(r: pl.DataFrame) -> pl.DataFrame:
     configuration it names, where there is one."""
     rows = []
     for key, g in r.group_by(GROUP, maintain_order=True):
-        ev = [Evidence(f"{x['proposer']}|{x['gamma']}", x["speedup"], x["speedup_se"], x["prompts"])
-              for x in g.iter_rows(named=True)]
+        g = g.with_row_index("_i")
+        ev = [Evidence(str(x["_i"]), x["speedup"], x["speedup_se"], x["prompts"]) for x in g.iter_rows(named=True)]
         v = decide(ev)
         if v.chosen is None:
             continue
-        proposer, gamma = v.chosen.config.split("|")
-        x = g.filter((pl.col("proposer") == proposer) & (pl.col("gamma") == int(gamma))).row(0, named=True)
-        rows.append(dict(zip(GROUP, key)) | {"verdict": v.kind, "proposer": proposer, "gamma": int(gamma),
+        x = g.row(int(v.chosen.config), named=True)
+        rows.append(dict(zip(GROUP, key)) | {"verdict": v.kind, "proposer": x["proposer"], "gamma": x["gamma"],
+                                             "adaptive": x["adaptive"],
                                              "speedup": x["speedup"], "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted,
                                              "k": v.k, "prompts": x["prompts"], "further": v.further, "kind": x["kind"],
                                              "timed": x["timed_speedup"], "timed_lo": x["timed_speedup_lo"],
@@ -59,7 +59,7 @@ def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
                 "configurations alone.", ""]
     gm = int(r["gamma"].max())
     v = data["replay_verdicts"]
-    vrows = [[x["category"], x["policy"], f"{x['proposer']} g={x['gamma']}",
+    vrows = [[x["category"], x["policy"], f"{x['proposer']} g={'auto<=' if x['adaptive'] else ''}{x['gamma']}",
               ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"],
               x["prompts"], "" if x["verdict"] != INCONCLUSIVE else
               ("out of reach" if x["further"] is None else f"~{x['further']} more"), confirmation(x)]
@@ -77,7 +77,29 @@ def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
              "1, consistent (for an open verdict) when the two intervals meet.", "",
              table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
                            "to settle", "timed run"]), ""]
-    return lines + _acceptance(r) + _costs(data.get("replay_costs")) + _speedup(r) + _against_timed(r)
+    fixed = r.filter(~pl.col("adaptive"))
+    return lines + _acceptance(fixed) + _costs(data.get("replay_costs")) + _speedup(fixed) + _adaptive(r) + \
+        _against_timed(data.get("replay_same"), data.get("equivalence"))
+
+
+def _adaptive(r: pl.DataFrame) -> list[str]:
+    """The adaptive controller replayed (greedy, draft models): against the best fixed gamma."""
+    auto = r.filter(pl.col("adaptive"))
+    if not len(auto):
+        return []
+    rows = []
+    for x in auto.iter_rows(named=True):
+        fixed = r.filter(~pl.col("adaptive") & (pl.col("base") == x["base"]) & (pl.col("category") == x["category"])
+                         & (pl.col("proposer") == x["proposer"])).sort("speedup", descending=True).row(0, named=True)
+        bar = max(fixed["speedup"], 1.0)
+        rows.append([x["category"], x["proposer"], ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
+                     f"{fixed['gamma']}: " + ci(fixed["speedup"], fixed["speedup_lo"], fixed["speedup_hi"], unit="x"),
+                     f(x["speedup"] / bar, ".2f")])
+    return ["### Adaptive gamma (greedy, replayed)", "",
+            "The controller (`--gamma auto`) run over the replayed acceptances with the measured costs, choosing "
+            "gamma per step up to the replay's largest (0: a plain step), against the best fixed gamma and plain "
+            "decoding (1.00x); its goal is to be within 5% of the better of the two.", "",
+            table(rows, ["category", "proposer", "auto", "best fixed gamma", "auto / max(best fixed, plain)"]), ""]
 
 
 def _acceptance(r: pl.DataFrame) -> list[str]:
@@ -124,21 +146,26 @@ def _speedup(r: pl.DataFrame) -> list[str]:
         rows, ["category", "policy", "proposer", "best gamma", "at best gamma", "at gamma 1"]), ""]
 
 
-def _against_timed(r: pl.DataFrame) -> list[str]:
-    t = r.filter(pl.col("timed_speedup").is_not_null())
-    if not len(t):
+def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None) -> list[str]:
+    """The replay on the prompts a timed run used, against that run: acceptance and speedup, like for like."""
+    if t is None or not len(t):
         return []
-    rows = [[x["category"], x["policy"], x["proposer"], x["gamma"],
-             pct_ci(x["acceptance_rate"], x["acceptance_rate_lo"], x["acceptance_rate_hi"]),
-             f(x["timed_acceptance_rate"], ".0%"), ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
+    ties = {} if eq is None or not len(eq) else {(r["config"], r["category"]): r["kernel_near_ties"]
+                                                for r in eq.iter_rows(named=True)}
+    rows = [[x["category"], x["policy"], x["proposer"], x["gamma"], x["timed_prompts"],
+             f(x["acceptance_rate"], ".0%"), f(x["timed_acceptance_rate"], ".0%"),
+             ties.get((x["timed_config"], x["category"]), "") if x["policy"] == "greedy" else "",
+             ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
              ci(x["timed_speedup"], x["timed_speedup_lo"], x["timed_speedup_hi"], unit="x"),
              f(x["speedup"] / x["timed_speedup"] - 1, "+.0%")]
             for x in t.sort(["category", "policy", "proposer", "gamma"]).iter_rows(named=True)]
     within = sum(abs(x["speedup"] / x["timed_speedup"] - 1) <= 0.10 for x in t.iter_rows(named=True))
     return ["### Replayed against timed", "",
-            f"Where the sweep also timed a configuration: acceptance replayed and timed, speedup predicted and "
-            f"measured. Predicted within 10% of measured in {within} of {len(t)} rows. Greedy acceptance differs "
-            "only past a kernel near-tie (after it the two continue on different text); the replay's prompts are "
-            "the category's all, the timed run's may be fewer.", "",
-            table(rows, ["category", "policy", "proposer", "gamma", "acceptance (replayed)", "(timed)",
-                         "speedup (predicted)", "(measured)", "error"]), ""]
+            "The replay on the very prompts each timed configuration ran, against that run. Under greedy decoding "
+            "the two acceptances are equal up to kernel near-ties: where the timed run left plain decoding (near-"
+            "ties, counted), and where the draft's own top two choices were nearly tied (the loop builds its cache "
+            "in blocks of one or two tokens as acceptance falls, the replay one token at a time). Under sampling "
+            "the replay gives the expectation, the timed run one draw. Speedup predicted within 10% of measured "
+            f"in {within} of {len(t)} rows.", "",
+            table(rows, ["category", "policy", "proposer", "gamma", "prompts", "acceptance (replayed)", "(timed)",
+                         "near-ties", "speedup (predicted)", "(measured)", "error"]), ""]

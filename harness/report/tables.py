@@ -102,11 +102,12 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     for c in (records_of(records, "costs")):
         measured.setdefault(c["config"], c)
     out |= cost_model(sweep, run_dir, measured)
-    out |= replay_frames(run_dir, plan, sweep, cfg)
+    out |= replay_frames(run_dir, plan, sweep, gens, cfg)
     return out
 
 
-def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, cfg: pl.DataFrame) -> dict[str, pl.DataFrame]:
+def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataFrame,
+                  cfg: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """"replay": predicted figures of every proposer and gamma, beside the timed rows of the same configuration
     where the sweep ran them; "replay_costs": the decode costs the predictions used. Empty without a replay."""
     from harness.analysis.predict import predictions
@@ -125,15 +126,30 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, cfg: pl.DataFr
                           for r in records if r.get("type") == "costs"], infer_schema_length=None)
     pred = pl.DataFrame(rows, infer_schema_length=None).rename({"config": "base"})
     base_of = base_configs(cfg)
-    timed = sweep.filter((pl.col("draft") != "none") & ~pl.col("adaptive")).with_columns(
+    timed = sweep.filter(pl.col("draft") != "none").with_columns(
         pl.col("config").replace_strict(base_of, default=None).alias("base")).select(
-        "base", "category", pl.col("draft").alias("proposer"), "gamma",
+        "base", "category", pl.col("draft").alias("proposer"), "gamma", "adaptive",
         *[pl.col(c).alias(f"timed_{c}") for c in ("config", "speedup", "speedup_lo", "speedup_hi",
                                                   "acceptance_rate", "mean_accepted_len", "prompts")])
-    pred = pred.join(timed, on=["base", "category", "proposer", "gamma"], how="left").join(
+    pred = pred.join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="left").join(
         cfg.select(pl.col("config").alias("base"), "target", "ngl", "threads"), on="base", how="left")
+    out = {"replay": pred, "replay_costs": costs}
+    # the replay again on the very prompts the timed runs used: what their measurements check, like for like
+    is_spec = pl.col("mode") == "speculative"
+    used = {} if not len(gens) else {
+        (base_of.get(r["config"]), r["category"]): set(r["prompt_id"])
+        for r in gens.filter(is_spec).group_by("config", "category").agg(pl.col("prompt_id").unique())
+        .iter_rows(named=True)}
+    same = [r for r in records if r.get("type") == "costs"
+            or r.get("prompt_id") in used.get((r.get("config"), r.get("category")), ())]
+    rows_same = predictions(same, plain, plan.get("params", {}).get("replay_gamma", 8)) if used else []
+    if rows_same:
+        keep = ["base", "policy", "category", "proposer", "gamma", "adaptive", "acceptance_rate", "speedup",
+                "speedup_lo", "speedup_hi"]
+        out["replay_same"] = pl.DataFrame(rows_same, infer_schema_length=None).rename({"config": "base"}).select(
+            keep).join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="inner")
     from harness.report.replayed import predicted_verdicts
-    return {"replay": pred, "replay_costs": costs, "replay_verdicts": predicted_verdicts(pred)}
+    return out | {"replay_verdicts": predicted_verdicts(pred)}
 
 
 def records_of(records: list[dict], kind: str) -> list[dict]:
