@@ -55,8 +55,8 @@ def cost_model(sweep: pl.DataFrame, run_dir: Path, measured: dict[str, dict]) ->
         rows.append({k: r[k] for k in ("category", "policy", "draft", "gamma", "gamma_label", "adaptive", "alpha",
                                        "speedup", "tokens_per_call_rse")}
                     | {"predicted": pred, "error": pred / r["speedup"] - 1 if pred and r["speedup"] else None})
-        if not r["adaptive"] and calibrated is not None:
-            best.setdefault((r["category"], r["policy"], r["draft"]), (r["alpha"], calibrated))
+        if not r["adaptive"]:  # the whole calibrated curve where the run has one, else the worker's own
+            best.setdefault((r["category"], r["policy"], r["draft"]), (r["alpha"], calibrated or costs))
     if not rows:
         return {}
     rec = [{"category": c, "policy": p, "draft": d, "gamma": best_gamma(a, costs, max(len(costs.target_ms) - 1, 1))}

@@ -45,6 +45,14 @@ def break_even(r: dict) -> str:
     return "unreachable" if r["break_even_rate"] is None else f"{r['break_even_rate']:.0%}"
 
 
+def _agreement(cm: pl.DataFrame) -> str:
+    err = cm["error"].drop_nulls().abs()
+    if not len(err):
+        return "No row has both a prediction and a measurement."
+    return (f"Predicted within 10% of measured in {int((err <= 0.1).sum())} of {len(err)} rows "
+            f"(mean absolute error {err.mean():.1%}).")
+
+
 def cost_model(data: dict[str, pl.DataFrame]) -> list[str]:
     cm = data.get("cost_model")
     if cm is None or not len(cm):
@@ -72,11 +80,12 @@ def cost_model(data: dict[str, pl.DataFrame]) -> list[str]:
             "step-to-step spread: how far the acceptance draws of a short run move the measured speedup on their "
             "own (the prediction uses alpha, which under sampling is an expectation and steadier; under greedy the "
             "same draws set both); an error within about two of them is sampling noise.",
-            "", table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error",
-                              "s.e."]), "",
-            "Recommended gamma (the cost model's best at the measured alpha over the calibrated curve; 0 = plain "
-            "decoding):", "",
-            table(rec, ["category", "policy", "draft", "gamma"]), ""] + ([
+            "", _agreement(cm), "",
+            table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error", "s.e."]),
+            ""] + ([
+            "Recommended gamma (the cost model's best at the measured alpha over the whole measured curve; 0 = "
+            "plain decoding):", "",
+            table(rec, ["category", "policy", "draft", "gamma"]), ""] if rec else []) + ([
             "Adaptive gamma against the better of the best fixed gamma and plain decoding (speedup 1.00x), same "
             "run; the goal is to be within 5% of it:", "",
             table(auto_rows, ["category", "policy", "draft", "auto", "best fixed", "auto / max(best fixed, plain)",
