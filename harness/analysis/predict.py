@@ -136,6 +136,6 @@ def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dic
                 iv = row_intervals(row, f"replay/{config}/{cat}/{proposer}/{gamma}" + ("/auto" if adaptive else ""))
                 out.append({"config": config, "policy": policy, "category": cat, "proposer": proposer,
                             "gamma": gamma, "adaptive": adaptive, "kind": "exact" if greedy else "expected",
-                            "prompts": iv["prompts"]}
+                            "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g in gens if g))}
                            | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.plan import Instance
 
 ALPHA_GUESS = 0.6        # acceptance assumed for the estimate; the sweep measures the real one
-PROMPT_EVAL_SHARE = 1 / 8  # prompt evaluation per token against a decode, batched
+PROMPT_EVAL_SHARE = 0.22  # a prompt token against a decode (1.5B on 2 CPU cores: 5.8 ms against 26; less on a GPU)
 LOAD_S = 2.0             # starting a worker and loading its models
 
 
@@ -53,6 +53,13 @@ def _measured(measured: dict, ref: str, threads: int, ngl: int) -> float:
     return measured[key]
 
 
+def _sizes(prompts: list, max_tokens: int, repeat: int) -> tuple[int, int]:
+    """Generated and prompt tokens (prompts guessed at 4 characters a token) over `prompts`, `repeat` times."""
+    n_tok = sum(max_tokens or p.max_tokens for p in prompts) * repeat
+    n_prompt = sum(len(p.text or " ".join(c for _, c in p.messages)) // 4 for p in prompts) * repeat
+    return n_tok, n_prompt
+
+
 def estimate_s(units: list[tuple[Instance, list]], max_tokens: int, repeat: int, paired: bool, run_dir: Path,
                measured: dict | None = None) -> float:
     """Seconds for the given (instance, prompts) units: generation at the cost model's speed at ALPHA_GUESS (plain
@@ -63,8 +70,7 @@ def estimate_s(units: list[tuple[Instance, list]], max_tokens: int, repeat: int,
     for inst, prompts in units:
         if not prompts:
             continue
-        n_tok = sum(max_tokens or p.max_tokens for p in prompts) * repeat
-        n_prompt = sum(len(p.text or " ".join(c for _, c in p.messages)) // 4 for p in prompts) * repeat
+        n_tok, n_prompt = _sizes(prompts, max_tokens, repeat)
         c = unit_costs(inst, run_dir, n_prompt / len(prompts) / repeat + n_tok / len(prompts) / repeat / 2, measured)
         plain_tok = c.target_ms[0]
         g = inst.gamma
@@ -74,3 +80,40 @@ def estimate_s(units: list[tuple[Instance, list]], max_tokens: int, repeat: int,
         total += n_tok * (per_tok + (runs - 1) * plain_tok) + n_prompt * plain_tok * PROMPT_EVAL_SHARE * (runs + (
             0 if inst.baseline else 1)) + LOAD_S * 1000
     return total / 1000
+
+
+def replay_s(bases: list[Instance], prompts: list, models: list[str], gamma_max: int, max_tokens: int,
+             run_dir: Path, measured: dict | None = None) -> float:
+    """Seconds for the replay of each baseline: per prompt, the target's teacher-forced pass (sampling only) and
+    each draft model's (greedy: a token at a time, as the loop decodes; sampling: batched); beside them, each
+    model's decode costs at the two in-situ contexts (3 repetitions of k = 1..gamma_max + 1)."""
+    from harness.calibrate import CONTEXTS
+    from harness.engine import EngineConfig
+    from harness.sampling import Policy
+    measured = {} if measured is None else measured
+    n_tok, n_prompt = _sizes(prompts, max_tokens, 1)
+    in_situ = sum(CONTEXTS) * PROMPT_EVAL_SHARE + len(CONTEXTS) * 3 * sum(1 + k / 3 for k in range(gamma_max + 1))
+    total = 0.0
+    for base in bases:
+        greedy = Policy(**base.policy).greedy
+        threads = EngineConfig(threads=base.threads).resolved_threads()
+        total += _measured(measured, base.target, threads, base.ngl) * (
+            in_situ + (0 if greedy else (n_prompt + n_tok) * PROMPT_EVAL_SHARE))
+        for m in models:
+            passes = n_prompt * PROMPT_EVAL_SHARE + (n_tok if greedy else n_tok * PROMPT_EVAL_SHARE)
+            total += _measured(measured, m, threads, base.ngl_draft) * (in_situ + passes)
+        total += LOAD_S * 1000 * (1 + len(models))
+    return total / 1000
+
+
+def subset_s(instances: list[Instance], prompts: list, n: int, max_tokens: int, paired: bool, run_dir: Path,
+             measured: dict | None = None) -> float:
+    """At most how long the timed subset takes (bench.subset.choose picks it after the replay): per proposer
+    and policy, gamma 1 and the predicted best gamma (costed as gamma 1), on each category's first n prompts."""
+    firsts: dict[str, list] = {}
+    for p in prompts:
+        if len(firsts.setdefault(p.category, [])) < n:
+            firsts[p.category].append(p)
+    chosen = [p for ps in firsts.values() for p in ps]
+    ones = [i for i in instances if not i.baseline and not i.adaptive and i.gamma == 1]
+    return 2 * estimate_s([(i, chosen) for i in ones], max_tokens, 1, paired, run_dir, measured)

@@ -99,12 +99,11 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     click.echo(f"run directory: {run_dir}", err=True)
     click.echo(f"{len(instances)} configurations x {len(first)} prompts x {params.repeat} repeat(s); "
                f"{len(todo)} unit(s) to run", err=True)
-    est = estimate_s([(i, p) for i, _, p in todo], params.max_tokens, params.repeat, params.paired, run_dir)
+    est = _estimate(todo, instances, skipped, first, params, run_dir, plan)
     source = "the calibrations" if (run_dir / "calibration").is_dir() and any((run_dir / "calibration").iterdir()) \
         else "a plain decode of each model, timed on the idle machine"
     click.echo(f"estimated time: about {est / 60:.1f} min (from {source}"
-               + ("; more if --until-confident adds prompts" if params.until_confident else "")
-               + ("; the replay and the timed subset come on top" if params.timed_subset else "") + ")", err=True)
+               + ("; more if --until-confident adds prompts" if params.until_confident else "") + ")", err=True)
     try:
         _run_units(todo, params, run_dir)
         if params.replay:
@@ -135,6 +134,31 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     return run_dir
 
 
+def _estimate(todo: list[Unit], instances: list[Instance], skipped: dict, prompts: list, params: Params,
+              run_dir: Path, plan: dict) -> float:
+    """Seconds for what is left: the units to run, the replay of the baselines not yet replayed, the timed subset
+    if the replay has not chosen it yet."""
+    from harness.bench.estimate import replay_s, subset_s
+    from harness.pair import parse_ngram
+    from harness.rundir import REPLAY_DIR
+    measured: dict = {}
+    est = estimate_s([(i, p) for i, _, p in todo], params.max_tokens, params.repeat, params.paired, run_dir, measured)
+    live = [i for i in instances if i.id not in skipped]
+    if params.replay:
+        done = finished(run_dir / REPLAY_DIR)
+        bases = [i for i in live if i.baseline and done.get(i.id, {}).get("status") != "ok"]
+        models = [p for p in _proposers(instances, params) if parse_ngram(p) is None]
+        est += replay_s(bases, prompts, models, params.replay_gamma, params.max_tokens, run_dir, measured)
+    if params.timed_subset and "timed" not in plan:
+        est += subset_s(live, prompts, params.timed_subset, params.max_tokens, params.paired, run_dir, measured)
+    return est
+
+
+def _proposers(instances: list[Instance], params: Params) -> list[str]:
+    return list(dict.fromkeys(i.draft for i in instances if not i.baseline)) or \
+        [d for d in params.draft if d != "none"]
+
+
 def _run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path | None = None) -> None:
     """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
     from harness.bench.worker import run_in_worker
@@ -158,8 +182,7 @@ def _replay(instances: list[Instance], skipped: dict, prompts: list, params: Par
     watched for noise like any unit: the replay measures the decode costs its predictions use."""
     from harness.bench.replay import run_replay
     from harness.rundir import REPLAY_DIR
-    proposers = list(dict.fromkeys(i.draft for i in instances if not i.baseline)) or \
-        [d for d in params.draft if d != "none"]
+    proposers = _proposers(instances, params)
     done, base_done = finished(run_dir / REPLAY_DIR), finished(run_dir)
     todo = [i for i in instances if i.baseline and i.id not in skipped
             and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]

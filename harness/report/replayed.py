@@ -6,6 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from harness.analysis.verdict import INCONCLUSIVE, PLAIN, SPECULATE, Evidence, decide
+from harness.report.verdicts import speculated
 from harness.report.fmt import ci, f, table
 
 GROUP = ["target", "ngl", "threads", "policy", "category"]
@@ -17,7 +18,7 @@ def predicted_verdicts(r: pl.DataFrame) -> pl.DataFrame:
     configuration it names, where there is one."""
     rows = []
     for key, g in r.group_by(GROUP, maintain_order=True):
-        g = g.with_row_index("_i")
+        g = speculated(g, "proposed").with_row_index("_i")
         ev = [Evidence(str(x["_i"]), x["speedup"], x["speedup_se"], x["prompts"]) for x in g.iter_rows(named=True)]
         v = decide(ev)
         if v.chosen is None:

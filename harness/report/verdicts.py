@@ -46,12 +46,19 @@ def noise_frame(units: dict[str, dict], p_gens: pl.DataFrame, cfg: pl.DataFrame)
     return frame
 
 
+def speculated(g: pl.DataFrame, proposed: str) -> pl.DataFrame:
+    """The configurations of a group that proposed anything: one that never did (an adaptive controller that
+    judged speculation not worth a probe) decoded plainly, and is evidence neither way; all of them if none did."""
+    some = g.filter(pl.col(proposed).fill_null(0) > 0)
+    return some if len(some) else g
+
+
 def verdicts(sweep: pl.DataFrame, noise: pl.DataFrame) -> pl.DataFrame:
     """One line per group: its verdict and the configuration and interval it names."""
     busy = {r["config"] for r in noise.iter_rows(named=True) if r["busy"]}
     rows = []
     for key, g in sweep.group_by(GROUP, maintain_order=True):
-        spec = g.filter(pl.col("draft") != "none")
+        spec = speculated(g.filter(pl.col("draft") != "none"), "proposed")
         base = g.filter(pl.col("draft") == "none")
         if not len(spec):
             continue
