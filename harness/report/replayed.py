@@ -161,12 +161,15 @@ def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None) -> list[str]
              f(x["speedup"] / x["timed_speedup"] - 1, "+.0%")]
             for x in t.sort(["category", "policy", "proposer", "gamma"]).iter_rows(named=True)]
     within = sum(abs(x["speedup"] / x["timed_speedup"] - 1) <= 0.10 for x in t.iter_rows(named=True))
+    meet = sum(x["speedup_lo"] is not None and x["timed_speedup_lo"] is not None
+               and x["speedup_lo"] <= x["timed_speedup_hi"] and x["timed_speedup_lo"] <= x["speedup_hi"]
+               for x in t.iter_rows(named=True))
     return ["### Replayed against timed", "",
             "The replay on the very prompts each timed configuration ran, against that run. Under greedy decoding "
             "the two acceptances are equal up to kernel near-ties: where the timed run left plain decoding (near-"
             "ties, counted), and where the draft's own top two choices were nearly tied (the loop builds its cache "
             "in blocks of one or two tokens as acceptance falls, the replay one token at a time). Under sampling "
             "the replay gives the expectation, the timed run one draw. Speedup predicted within 10% of measured "
-            f"in {within} of {len(t)} rows.", "",
+            f"in {within} of {len(t)} rows; the two intervals meet in {meet}.", "",
             table(rows, ["category", "policy", "proposer", "gamma", "prompts", "acceptance (replayed)", "(timed)",
                          "near-ties", "speedup (predicted)", "(measured)", "error"]), ""]
