@@ -183,7 +183,10 @@ def test_costs_measured_in_the_worker(engines):
     from harness.calibrate import in_situ
     target, draft = engines
     tokens = requests(target)[0].tokens
-    rec = in_situ(target, draft, tokens, k_max=3, reps=2)
-    assert rec["type"] == "costs" and rec["context"] == len(tokens) and rec["k"] == 3
-    assert len(rec["target_ms"]) == len(rec["draft_ms"]) == 3 and all(x > 0 for x in rec["target_ms"] + rec["draft_ms"])
+    rec = in_situ(target, draft, tokens, k_max=3, contexts=(16, 48), reps=2)
+    assert rec["type"] == "costs" and rec["contexts"] == [16, 48] and rec["k"] == 3
+    for role in ("target_ms_by_context", "draft_ms_by_context"):  # k = 1..3 after each context
+        assert [len(x) for x in rec[role]] == [3, 3] and all(v > 0 for x in rec[role] for v in x)
+    room = min(target.n_ctx, draft.n_ctx) - 3 - 2  # a context that does not fit is replaced by the largest that does
+    assert in_situ(target, None, tokens, k_max=3, contexts=(10 ** 6,), reps=1)["contexts"] == [room]
     assert target.n_past == 0 and draft.n_past == 0  # both left empty for the generations
