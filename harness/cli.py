@@ -85,16 +85,25 @@ def _policy_options(f):
 @click.option("--threads", type=int, default=0, help="Default: physical cores.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding and compare.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Append per-step JSONL records here.")
+@click.option("--verify", default="leviathan", show_default=True,
+              help="leviathan (rejection sampling) or exact (llama.cpp's: the draft's top token, kept while the target "
+                   "samples it).")
+@click.option("--draft-p-min", type=float, default=0.0, show_default=True,
+              help="Stop drafting once the draft's top probability falls below this.")
+@click.option("--draft-n-min", type=int, default=0, show_default=True,
+              help="Drop a draft shorter than this (that step decodes plainly).")
 def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k, top_p, min_p, seed,
-        max_tokens, n_ctx, ngl, ngl_draft, threads, baseline, trace_path):
+        max_tokens, n_ctx, ngl, ngl_draft, threads, baseline, trace_path, verify, draft_p_min, draft_n_min):
     """One generation with TARGET (and a draft): text with accepted draft tokens marked, then a summary."""
     from pathlib import Path
 
     from harness.engine import EngineConfig
     from harness.prompts import Prompt
+    from harness.proposers import Drafting
     from harness.runner import run_one
     from harness.sampling import Policy
     policy = Policy(temperature, top_k, top_p, min_p, seed)
+    drafting = Drafting(verify, draft_p_min, draft_n_min)
     if (prompt_text is None) == (prompt_file is None):
         raise HarnessError("give exactly one of --prompt TEXT or --prompt-file FILE")
     if prompt_file:
@@ -106,7 +115,7 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
         raise HarnessError("the prompt is empty")
     prompt = Prompt("cli", "cli", (("user", prompt_text),), prompt_text, max_tokens, chat=not raw)
     run_one(target, draft, prompt, policy, gamma, max_tokens, EngineConfig(n_ctx=n_ctx, n_gpu_layers=ngl,
-            threads=threads), ngl_draft, baseline, Path(trace_path) if trace_path else None)
+            threads=threads), ngl_draft, baseline, Path(trace_path) if trace_path else None, drafting)
 
 
 @cli.command()
@@ -135,6 +144,11 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--ngl", help="Comma list of target GPU layers.")
 @click.option("--ngl-draft", help="Comma list of draft GPU layers.")
 @click.option("--threads", help="Comma list of thread counts (0 = physical cores).")
+@click.option("--verify", help="Comma list of verification rules: leviathan (rejection sampling against the draft's "
+                               "q), exact (llama.cpp's: the draft's top token, kept while the target samples it).")
+@click.option("--draft-p-min", help="Comma list: stop drafting once the draft's top probability falls below this "
+                                    "(llama.cpp's --spec-draft-p-min; 0 = never).")
+@click.option("--draft-n-min", help="Comma list: drop a draft shorter than this; that step decodes plainly.")
 @click.option("--categories", help="Comma list of prompt categories.")
 @click.option("--prompts", help="Comma list of prompt JSONL files (instead of prompts/<category>.jsonl).")
 @click.option("--per-category", type=int, help="Prompts per category (0 = all).")

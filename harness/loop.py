@@ -13,7 +13,7 @@ from harness.errors import HarnessError
 from harness.proposers import Proposal
 from harness.sampling import Policy, process, top_prob
 from harness.trace import TraceWriter
-from harness.verify import verify_greedy, verify_stochastic
+from harness.verify import verify_exact, verify_greedy, verify_stochastic
 
 
 @dataclass
@@ -34,10 +34,10 @@ def check_fits(n_prompt: int, max_tokens: int, gamma_max: int, n_ctx: int) -> No
 
 
 def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=0,
-             trace: TraceWriter | None = None, mode: str | None = None) -> dict:
+             trace: TraceWriter | None = None, mode: str | None = None, rule: str = "leviathan") -> dict:
     """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding.
     gamma is a fixed draft length or a controller (costmodel.AdaptiveGamma) with begin(), choose(remaining) and
-    observe(alphas, proposed, draft_ms, verify_ms)."""
+    observe(alphas, proposed, draft_ms, verify_ms). rule: how sampled drafts are verified (proposers.RULES)."""
     ctl = gamma if hasattr(gamma, "choose") else None
     if ctl:
         ctl.begin()
@@ -76,7 +76,8 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
             verdict = verify_greedy(np.asarray(prop.tokens, dtype=np.int64), logits.argmax(axis=1))
         else:
             p = [process(row, policy) for row in logits]
-            verdict = verify_stochastic(np.asarray(prop.tokens, dtype=np.int64), prop.q, p, rng)
+            drafts = np.asarray(prop.tokens, dtype=np.int64)
+            verdict = verify_exact(drafts, p, rng) if rule == "exact" else verify_stochastic(drafts, prop.q, p, rng)
         i0 = time.perf_counter()
         conf = [top_prob(row) for row in logits[:n_prop + 1]]
         margin = top2_margin(logits[0]) if n_prop == 0 and mode == "baseline" and policy.greedy else None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from harness.engine import Engine, EngineConfig, require_offload
 from harness.errors import HarnessError
 from harness.models.catalog import Model, require_present, resolve
-from harness.proposers import DraftModelProposer, NgramProposer
+from harness.proposers import DraftModelProposer, Drafting, NgramProposer
 
 
 def parse_ngram(spec: str) -> int | None:
@@ -35,8 +35,8 @@ class Pair:
         self.target.close()
 
 
-def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig,
-              draft_ngl: int = 0, check_texts: list | None = None, check_alignment: bool = True) -> Pair:
+def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_ngl: int = 0,
+              check_texts: list | None = None, check_alignment: bool = True, drafting: Drafting = Drafting()) -> Pair:
     """Everything that can be refused is refused before any weights are loaded."""
     tm = resolve(target_ref)
     require_present(tm)
@@ -63,5 +63,5 @@ def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig,
         except BaseException:
             target.close()
             raise
-        pair.proposer = DraftModelProposer(pair.draft_engine, dm.name)
+        pair.proposer = DraftModelProposer(pair.draft_engine, dm.name, drafting)
     return pair

@@ -13,7 +13,8 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.sampling import Policy
 
-LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads")
+LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads", "verify",
+             "draft_p_min", "draft_n_min")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset")
 
@@ -34,6 +35,9 @@ class Params:
     ngl: list[int] = field(default_factory=lambda: [0])
     ngl_draft: list[int] = field(default_factory=lambda: [0])
     threads: list[int] = field(default_factory=lambda: [0])
+    verify: list[str] = field(default_factory=lambda: ["leviathan"])  # proposers.RULES
+    draft_p_min: list[float] = field(default_factory=lambda: [0.0])
+    draft_n_min: list[int] = field(default_factory=lambda: [0])
     categories: list[str] = field(default_factory=list)
     prompts: list[str] = field(default_factory=list)
     per_category: int = 0
@@ -122,6 +126,9 @@ def check(p: Params) -> None:
     if p.timed_subset and p.until_confident:
         raise HarnessError("--until-confident adds prompts to timed configurations; with --timed-subset every prompt "
                            "is replayed already: give one or the other")
+    if p.timed_subset and (any(p.draft_p_min) or any(p.draft_n_min)):
+        raise HarnessError("--draft-p-min/--draft-n-min are not replayed, so --timed-subset would never time them: "
+                           "sweep them without --timed-subset")
     if not 0 < p.busy_threshold <= 1:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
 
@@ -130,8 +137,8 @@ def _as_list(key: str, v) -> list:
     items = v if isinstance(v, list) else [x.strip() for x in str(v).split(",") if x.strip()]
     if key == "gamma":
         return [_gamma(x) for x in items]
-    conv = {"target": str, "draft": str, "temp": float, "top_p": float, "top_k": int,
-            "min_p": float, "ngl": int, "ngl_draft": int, "threads": int}[key]
+    conv = {"target": str, "draft": str, "temp": float, "top_p": float, "top_k": int, "min_p": float, "ngl": int,
+            "ngl_draft": int, "threads": int, "verify": str, "draft_p_min": float, "draft_n_min": int}[key]
     try:
         return [conv(x) for x in items]
     except ValueError:
@@ -161,10 +168,22 @@ class Instance:
     ngl_draft: int
     threads: int
     adaptive: bool = False  # gamma chosen per step in 0..gamma by the cost model
+    verify: str = "leviathan"  # how drafts are made and checked: proposers.Drafting
+    p_min: float = 0.0
+    n_min: int = 0
 
     @property
     def gamma_label(self) -> str:
         return f"auto<={self.gamma}" if self.adaptive else str(self.gamma)
+
+    @property
+    def drafting(self):
+        from harness.proposers import Drafting
+        return Drafting(self.verify, self.p_min, self.n_min)
+
+    @property
+    def draft_label(self) -> str:
+        return self.drafting.label(self.draft)
 
     @property
     def baseline(self) -> bool:
@@ -176,9 +195,30 @@ class Instance:
 
     @property
     def id(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True)
+        # fields at their defaults stay out of the hash: a run from before a field existed keeps its ids
+        d = {k: v for k, v in asdict(self).items() if k not in DRAFTING_DEFAULTS or v != DRAFTING_DEFAULTS[k]}
+        blob = json.dumps(d, sort_keys=True)
         tag = "base" if self.baseline else ("auto" if self.adaptive else f"g{self.gamma}")
         return f"{tag}-{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
+
+
+DRAFTING_DEFAULTS = {"verify": "leviathan", "p_min": 0.0, "n_min": 0}
+
+
+def _draftings(p: Params, draft: str, greedy: bool) -> list[tuple[str, float, int]]:
+    """(verify, p_min, n_min) for a draft: under greedy decoding both rules are one; a lookup has no
+    probabilities to test against p-min and drops no short drafts."""
+    from harness.pair import parse_ngram
+    from harness.proposers import Drafting
+    out = []
+    for v, pm, nm in itertools.product(p.verify, p.draft_p_min, p.draft_n_min):
+        Drafting(v, pm, nm)  # refuses an unknown rule or a value out of range, in one line
+        if greedy:
+            v = "leviathan"
+        if parse_ngram(draft) is not None:
+            pm, nm = 0.0, 0
+        out.append((v, pm, nm))
+    return list(dict.fromkeys(out))
 
 
 def expand(p: Params) -> list[Instance]:
@@ -195,7 +235,8 @@ def expand(p: Params) -> list[Instance]:
         out.append(Instance(target, "none", 0, pol.as_dict(), ngl, 0, threads))
         for draft, (g, auto), ngl_d in itertools.product(p.draft, gammas, p.ngl_draft):
             if draft != "none":
-                out.append(Instance(target, draft, g, pol.as_dict(), ngl, ngl_d, threads, auto))
+                out += [Instance(target, draft, g, pol.as_dict(), ngl, ngl_d, threads, auto, v, pm, nm)
+                        for v, pm, nm in _draftings(p, draft, pol.greedy)]
     out = list({i.id: i for i in out}.values())
     if not out:
         raise HarnessError("the sweep expands to no configuration")

@@ -9,7 +9,37 @@ import numpy as np
 
 from harness.engine import Engine
 from harness.errors import HarnessError
-from harness.sampling import Dist, Policy, process
+from harness.sampling import Dist, Policy, process, top_share
+
+
+RULES = ("leviathan", "exact")
+P_MIN_TOP_K = 10  # llama.cpp's draft sampler keeps the top 10: p-min tests the top token's share of those
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How drafts are made and checked. verify: "leviathan" (rejection sampling against the draft's q) or
+    "exact" (llama.cpp's: the draft proposes its top token, the target samples and keeps it while they agree;
+    the same as leviathan under greedy decoding). p_min: drafting stops once the draft's top probability falls
+    below it (llama.cpp's --spec-draft-p-min); n_min: a draft shorter than it is dropped, that step decodes
+    plainly (llama-server's speculative.n_min)."""
+    verify: str = "leviathan"
+    p_min: float = 0.0
+    n_min: int = 0
+
+    def __post_init__(self):
+        if self.verify not in RULES:
+            raise HarnessError(f"unknown verification rule '{self.verify}' (known: {', '.join(RULES)})")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise HarnessError(f"--draft-p-min must be in [0, 1], got {self.p_min:g}")
+        if self.n_min < 0:
+            raise HarnessError(f"--draft-n-min must be >= 0, got {self.n_min}")
+
+    def label(self, draft: str) -> str:
+        """The draft with how it drafts where that is not the default, as the report's tables name it."""
+        extra = [x for x in ("exact" if self.verify == "exact" else "", f"p-min {self.p_min:g}" if self.p_min else "",
+                             f"n-min {self.n_min}" if self.n_min else "") if x]
+        return draft + (f" ({', '.join(extra)})" if extra else "")
 
 
 @dataclass
@@ -31,9 +61,10 @@ class Proposer(Protocol):
 class DraftModelProposer:
     """A smaller model with the same tokenizer, sampling from its own processed distribution q."""
 
-    def __init__(self, engine: Engine, name: str = "draft"):
+    def __init__(self, engine: Engine, name: str = "draft", drafting: Drafting = Drafting()):
         self.engine = engine
         self.name = name
+        self.drafting = drafting
         self.policy = Policy()
         self.rng = np.random.default_rng(0)
 
@@ -45,17 +76,23 @@ class DraftModelProposer:
         self.engine.decode(prompt[:-1], logits="none")
 
     def propose(self, context: list[int], n: int) -> Proposal:
-        eng = self.engine
+        eng, d = self.engine, self.drafting
         logits = eng.decode(context[eng.n_past:], logits="last")
         out = Proposal()
         for i in range(n):
-            q = process(logits[0], self.policy)
-            x = int(q.ids[0]) if self.policy.greedy else q.sample(self.rng)
+            if d.p_min > 0 and top_share(logits[0], P_MIN_TOP_K) < d.p_min:
+                break
+            if d.verify == "exact":  # the draft's top token, as a point mass: the target samples against it
+                q = Dist.point(int(np.argmax(logits[0])))
+                x = int(q.ids[0])
+            else:
+                q = process(logits[0], self.policy)
+                x = int(q.ids[0]) if self.policy.greedy else q.sample(self.rng)
             out.tokens.append(x)
             out.q.append(q)
             if i < n - 1:
                 logits = eng.decode([x], logits="last")
-        return out
+        return out if len(out.tokens) >= d.n_min else Proposal()
 
     def accepted(self, context: list[int], n_accepted: int) -> None:
         # The cache holds the old context plus the proposals but the last; keep what the new context shares.

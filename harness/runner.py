@@ -13,6 +13,7 @@ from harness.errors import HarnessError
 from harness.loop import Request, check_fits, generate
 from harness.pair import open_pair
 from harness.prompts import Prompt
+from harness.proposers import Drafting
 from harness.sampling import Policy
 from harness.trace import TraceWriter
 
@@ -40,13 +41,14 @@ def render_marked(vocab, tokens: list[int], from_draft: str, color: bool) -> str
 
 
 def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamma: int, max_tokens: int,
-            cfg: EngineConfig, draft_ngl: int, baseline: bool, trace_path: Path | None) -> None:
+            cfg: EngineConfig, draft_ngl: int, baseline: bool, trace_path: Path | None,
+            drafting: Drafting = Drafting()) -> None:
     if draft and gamma < 1:
         raise HarnessError(f"--gamma must be >= 1, got {gamma}")
     if max_tokens < 1:
         raise HarnessError(f"--max-tokens must be >= 1, got {max_tokens}")
     trace = TraceWriter(trace_path, keep=True)  # an unwritable trace path is refused before any weights load
-    pair = open_pair(target, draft, cfg, draft_ngl, check_texts=[prompt])
+    pair = open_pair(target, draft, cfg, draft_ngl, check_texts=[prompt], drafting=drafting)
     try:
         text = prompt.render(pair.target.vocab)
         tokens = pair.target.vocab.tokenize(text)
@@ -54,7 +56,7 @@ def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamm
         req = Request(prompt.id, tokens, max_tokens, prompt.category)
         trace.common = {"target": pair.target_model.name, "draft": draft or "none", "policy": policy.label,
                         "mode": "speculative" if draft else "baseline"}
-        gen = generate(pair.target, req, policy, pair.proposer, gamma if draft else 0, trace)
+        gen = generate(pair.target, req, policy, pair.proposer, gamma if draft else 0, trace, rule=drafting.verify)
         spec_records = list(trace.records)
         color = sys.stdout.isatty()
         click.echo(render_marked(pair.target.vocab, gen["tokens"], gen["from_draft"], color))

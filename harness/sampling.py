@@ -91,6 +91,12 @@ def top_prob(logits: np.ndarray) -> float:
     return float(1.0 / np.exp(logits - m, dtype=np.float32).sum(dtype=np.float64))
 
 
+def top_share(logits: np.ndarray, k: int) -> float:
+    """The top token's probability among the k most likely (softmax at T=1 over them)."""
+    top = np.partition(logits, -k)[-k:] if len(logits) > k else logits
+    return float(1.0 / np.exp(top - top.max(), dtype=np.float64).sum())
+
+
 def process(logits: np.ndarray, policy: Policy) -> Dist:
     if policy.greedy:
         return Dist.point(int(np.argmax(logits)))

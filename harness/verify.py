@@ -1,4 +1,6 @@
-"""Verification as pure functions over arrays (greedy, and Leviathan et al. 2023 rejection sampling)."""
+"""Verification as pure functions over arrays: greedy; Leviathan et al. (2023) rejection sampling; and llama.cpp's
+sample-and-compare ("exact": the draft proposes its top token, the target samples its own, drafts are kept while
+the two agree). All three emit tokens distributed as the target's p."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,4 +54,17 @@ def verify_stochastic(draft: np.ndarray, q: list[Dist], p: list[Dist], rng: np.r
         if rng.random() * qx < px:  # u < p/q without dividing; always true when p >= q
             continue
         return Verdict(i, residual(p[i], q[i]).sample(rng), alpha)
+    return Verdict(g, p[g].sample(rng), alpha)
+
+
+def verify_exact(draft: np.ndarray, p: list[Dist], rng: np.random.Generator) -> Verdict:
+    """llama.cpp's rule: at each drafted position the target samples y ~ p; the draft is kept while y equals it,
+    and the first y that differs is the correction; after gamma agreements y ~ p[gamma] is the bonus. A position
+    is accepted with probability p(x): the overlap of p with a point mass at the draft's token (alpha)."""
+    g = len(draft)
+    alpha = [p[i].prob(int(draft[i])) for i in range(g)]
+    for i in range(g):
+        y = p[i].sample(rng)
+        if y != int(draft[i]):
+            return Verdict(i, y, alpha)
     return Verdict(g, p[g].sample(rng), alpha)

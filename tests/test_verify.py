@@ -6,7 +6,7 @@ import pytest
 from scipy.stats import chisquare
 
 from harness.sampling import Dist
-from harness.verify import Verdict, overlap, residual, verify_greedy, verify_stochastic
+from harness.verify import Verdict, overlap, residual, verify_exact, verify_greedy, verify_stochastic
 
 DRAWS = 200_000
 V = 8
@@ -136,3 +136,58 @@ def test_negative_control_resampling_from_p_instead_of_the_residual_fails(monkey
     counts = emitted_by_position(2, seed=2)
     ps = [dist(w) for w in BLOCKS[2][0]]
     assert min(chi2_pvalue(c, p) for c, p in zip(counts, ps)) < 1e-6
+
+
+# llama.cpp's rule ("exact"): the draft proposes its top token; the target samples and keeps it while they agree
+def exact_emitted(ps: list[Dist], qs: list[Dist], seed: int, verifier=verify_exact) -> tuple[list[np.ndarray], int]:
+    """Counts of the token emitted at each output position of a step with top-1 drafts; and the accepted count."""
+    rng = np.random.default_rng(seed)
+    draft = np.array([int(q.ids[np.argmax(q.probs)]) for q in qs])
+    counts, accepted = [np.zeros(V) for _ in range(len(qs) + 1)], 0
+    for _ in range(BLOCK_DRAWS):
+        v = verifier(draft, ps, rng)
+        accepted += v.accepted
+        for i, tok in enumerate([*draft[:v.accepted], v.token]):
+            counts[i][tok] += 1
+    return counts, accepted
+
+
+@pytest.mark.parametrize("case", PAIRS)
+def test_exact_rule_emits_target_distribution(case):
+    p, q = (dist(w) for w in PAIRS[case])
+    counts, accepted = exact_emitted([p, dist([1] * V)], [q], seed=zlib.crc32(case.encode()))
+    assert chi2_pvalue(counts[0], p) > 0.01
+    x = int(q.ids[np.argmax(q.probs)])
+    # a position is accepted with probability p(draft's top token): the binomial's 5-sigma band
+    assert abs(accepted / BLOCK_DRAWS - p.prob(x)) < 5 * np.sqrt(p.prob(x) * (1 - p.prob(x)) / BLOCK_DRAWS) + 1e-9
+
+
+@pytest.mark.parametrize("gamma", [2, 3])
+def test_exact_rule_emits_each_positions_p_in_longer_blocks(gamma):
+    ps, qs = ([dist(w) for w in ws] for ws in BLOCKS[gamma])
+    counts, _ = exact_emitted(ps, qs, seed=10 + gamma)
+    for c, p in zip(counts, ps):
+        if c.sum() > 200:  # positions the top-1 drafts reach often enough to test
+            assert chi2_pvalue(c, p) > 0.001
+    assert counts[1].sum() > 200
+
+
+def test_exact_and_leviathan_acceptance_differ_as_the_issue_says():
+    """p = q = [0.5, 0.5]: exact accepts 0.5, leviathan 1.0; p = [0.9, 0.1], q = [0.6, 0.4]: 0.9 against 0.7."""
+    rng = np.random.default_rng(0)
+    for pw, qw, exact, lev in (([1, 1], [1, 1], 0.5, 1.0), ([9, 1], [6, 4], 0.9, 0.7)):
+        p, q = dist(pw + [0] * (V - 2)), dist(qw + [0] * (V - 2))
+        assert verify_exact(np.array([0]), [p, p], rng).alpha == pytest.approx([exact])
+        assert overlap(p, q) == pytest.approx(lev)
+
+
+def test_negative_control_exact_rule_that_keeps_the_draft_on_a_coin_fails():
+    """A plausible bug: accept with probability p(x), then correct with a fresh draw from p (x included)."""
+    def coin(draft, ps, rng):
+        for i, x in enumerate(draft):
+            if rng.random() >= ps[i].prob(int(x)):
+                return Verdict(i, ps[i].sample(rng), [])
+        return Verdict(len(draft), ps[len(draft)].sample(rng), [])
+    p, q = (dist(w) for w in PAIRS["q_much_larger_on_some"])
+    counts, _ = exact_emitted([p, dist([1] * V)], [q], seed=7, verifier=coin)
+    assert chi2_pvalue(counts[0], p) < 1e-6

@@ -101,10 +101,10 @@ def generation(prompt: dict, rep: dict | None, proposer: str, gamma: int, costs:
 
 
 def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dict]:
-    """Rows {config, policy, category, proposer, gamma, kind, prompts, figure, figure_lo, figure_hi, ...} from one
-    run's replay records; plain_ms[(config, category)] is the measured plain ms per token."""
-    from harness.pair import parse_ngram
-    from harness.proposers import NgramProposer
+    """Rows {config, policy, category, proposer, verify, gamma, kind, prompts, figure, figure_lo, figure_hi, ...}
+    from one run's replay records (proposer: the draft as the tables name it, its rule included);
+    plain_ms[(config, category)] is the measured plain ms per token."""
+    from harness.proposers import Drafting
     prompts = defaultdict(list)
     reps, costs = {}, {}
     for r in records:
@@ -115,27 +115,46 @@ def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dic
         elif r["type"] == "costs" and "proposer" in r:
             costs[(r["config"], r["policy"], r["proposer"])] = r
     out = []
-    for (config, policy, proposer), crec in costs.items():
+    for (config, policy, name), crec in costs.items():
         greedy = policy == "greedy"
-        n = parse_ngram(proposer)
-        lookup = (lambda ctx, k, ng=NgramProposer(n): ng.propose(ctx, k).tokens) if n is not None and greedy else None
-        by_cat = defaultdict(list)
-        for p in prompts[(config, policy)]:
-            by_cat[p["category"]].append(p)
-        for cat, ps in by_cat.items():
-            context = float(np.mean([len(p["prompt_tokens"]) + len(p["tokens"]) / 2 for p in ps]))
-            c = costs_at(crec, context, plain_ms.get((config, cat)))
-            # every fixed gamma; and, greedy with a draft model, the adaptive controller up to gamma_max
-            runs = [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
-            for gamma, adaptive in runs:
-                gens = [generation(p, reps.get((config, policy, p["prompt_id"], proposer)), proposer, gamma, c,
-                                   greedy, lookup, adaptive) for p in ps]
-                row = Row([[g] for g in gens if g is not None])
-                if not row.prompts:
-                    continue
-                iv = row_intervals(row, f"replay/{config}/{cat}/{proposer}/{gamma}" + ("/auto" if adaptive else ""))
-                out.append({"config": config, "policy": policy, "category": cat, "proposer": proposer,
-                            "gamma": gamma, "adaptive": adaptive, "kind": "exact" if greedy else "expected",
-                            "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g in gens if g))}
-                           | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
+        # under sampling a draft model's replay also holds p(its top token): llama.cpp's rule, replayed beside
+        exact = not greedy and any("alpha_exact" in r for k, r in reps.items() if k[:2] == (config, policy)
+                                   and k[3] == name)
+        for rule in ("leviathan", "exact")[:1 + exact]:
+            out += _rows(config, policy, name, Drafting(rule), crec, prompts, reps, plain_ms, gamma_max)
     return out
+
+
+def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts: dict, reps: dict, plain_ms: dict,
+          gamma_max: int) -> list[dict]:
+    from harness.pair import parse_ngram
+    from harness.proposers import NgramProposer
+    greedy, label, out = policy == "greedy", drafting.label(proposer), []
+    n = parse_ngram(proposer)
+    lookup = (lambda ctx, k, ng=NgramProposer(n): ng.propose(ctx, k).tokens) if n is not None and greedy else None
+    by_cat = defaultdict(list)
+    for p in prompts[(config, policy)]:
+        by_cat[p["category"]].append(p)
+    for cat, ps in by_cat.items():
+        context = float(np.mean([len(p["prompt_tokens"]) + len(p["tokens"]) / 2 for p in ps]))
+        c = costs_at(crec, context, plain_ms.get((config, cat)))
+        # every fixed gamma; and, greedy with a draft model, the adaptive controller up to gamma_max
+        runs = [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
+        for gamma, adaptive in runs:
+            gens = [generation(p, _as_rule(reps.get((config, policy, p["prompt_id"], proposer)), drafting.verify),
+                               proposer, gamma, c, greedy, lookup, adaptive) for p in ps]
+            row = Row([[g] for g in gens if g is not None])
+            if not row.prompts:
+                continue
+            iv = row_intervals(row, f"replay/{config}/{cat}/{label}/{gamma}" + ("/auto" if adaptive else ""))
+            out.append({"config": config, "policy": policy, "category": cat, "proposer": label,
+                        "verify": drafting.verify,
+                        "gamma": gamma, "adaptive": adaptive, "kind": "exact" if greedy else "expected",
+                        "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g in gens if g))}
+                       | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
+    return out
+
+
+def _as_rule(rep: dict | None, verify: str) -> dict | None:
+    """A replay record as the rule sees it: under llama.cpp's, a position is accepted with p(draft's top token)."""
+    return rep if rep is None or verify != "exact" else rep | {"alpha": rep["alpha_exact"]}

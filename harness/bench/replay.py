@@ -23,6 +23,8 @@ KIND = "replay"
 
 def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
                 run_dir: Path) -> dict:
+    import numpy as np
+
     from harness.calibrate import in_situ
     from harness.engine import Engine, EngineConfig, teacher_forced
     from harness.pair import parse_ngram
@@ -84,7 +86,10 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                 else:
                     rows = teacher_forced(engines[name], toks, forced)
                     alpha = [round(overlap(p, process(r, policy)), 6) for p, r in zip(p_rows, rows)]
-                    tw.write({"type": KIND, **common, "proposer": name, "alpha": alpha})
+                    rec = {"type": KIND, **common, "proposer": name, "alpha": alpha}
+                    if "exact" in params.verify:  # llama.cpp's rule: the draft's top token, accepted w.p. its p
+                        rec["alpha_exact"] = [round(p.prob(int(np.argmax(r))), 6) for p, r in zip(p_rows, rows)]
+                    tw.write(rec)
         if texts:  # costs over the prompts' own text at a short and a long context (interpolated per category)
             text = [t for x in texts for t in x]
             t = in_situ(target, None, text, gamma_max + 1)

@@ -21,7 +21,7 @@ def choose(run_dir: Path, instances: list[Instance], prompts: list, n: int) -> d
     for p in prompts:
         if len(firsts.setdefault(p.category, [])) < n:
             firsts[p.category].append(p.id)
-    by_key = {(i.target, i.ngl, i.threads, Policy(**i.policy).label, i.draft, i.gamma): i.id
+    by_key = {(i.target, i.ngl, i.threads, Policy(**i.policy).label, i.draft_label, i.gamma): i.id
               for i in instances if not i.baseline and not i.adaptive}
     chosen: dict[str, list[str]] = {}
     for (target, ngl, threads, policy, cat, proposer), g in pred.filter(~pl.col("adaptive")).group_by(

@@ -29,7 +29,7 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     unit = unit_id(inst.id, round_)
     cfg = EngineConfig(n_ctx=params.n_ctx, n_gpu_layers=inst.ngl, threads=inst.threads)
     pair = open_pair(inst.target, None if inst.baseline else inst.draft, cfg, inst.ngl_draft,
-                     check_alignment=False)  # the sweep checked every pair up front
+                     check_alignment=False, drafting=inst.drafting)  # the sweep checked every pair up front
     files = {"baseline" if inst.baseline else "speculative": run_dir / "traces" / f"{unit}.jsonl"}
     if paired and not inst.baseline:
         files["baseline"] = run_dir / PAIRED_DIR / "traces" / f"{unit}.jsonl"
@@ -70,7 +70,8 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
                     traces[mode] = tw = TraceWriter(files[mode], keep=check, config=inst.id, mode=mode,
                                                     category=pr.category, prompt_id=pr.id, repeat=rep)
                     spec = mode == "speculative"
-                    generate(pair.target, req, pol, pair.proposer if spec else None, gamma if spec else 0, tw, mode)
+                    generate(pair.target, req, pol, pair.proposer if spec else None, gamma if spec else 0, tw, mode,
+                             inst.verify)
                 if check:
                     plain = traces["baseline"].records[-1]["tokens"] if "baseline" in traces \
                         else plain_ref.get((pr.id, rep))

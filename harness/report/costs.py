@@ -52,18 +52,18 @@ def cost_model(sweep: pl.DataFrame, run_dir: Path, measured: dict[str, dict]) ->
             continue
         share = r["verify_steps"] / r["target_calls"] if r["target_calls"] else 1.0  # steps that proposed
         pred = None if r["adaptive"] else predicted_speedup(r["alpha"], r["gamma"], costs, share)
-        rows.append({k: r[k] for k in ("category", "policy", "draft", "gamma", "gamma_label", "adaptive", "alpha",
-                                       "speedup", "tokens_per_call_rse")}
+        rows.append({k: r[k] for k in ("category", "policy", "draft", "draft_label", "gamma", "gamma_label", "adaptive",
+                                       "alpha", "speedup", "tokens_per_call_rse")}
                     | {"predicted": pred, "error": pred / r["speedup"] - 1 if pred and r["speedup"] else None})
         if not r["adaptive"]:  # the whole calibrated curve where the run has one, else the worker's own
-            best.setdefault((r["category"], r["policy"], r["draft"]), (r["alpha"], calibrated or costs))
+            best.setdefault((r["category"], r["policy"], r["draft_label"]), (r["alpha"], calibrated or costs))
     if not rows:
         return {}
     rec = [{"category": c, "policy": p, "draft": d, "gamma": best_gamma(a, costs, max(len(costs.target_ms) - 1, 1))}
            for (c, p, d), (a, costs) in best.items()]
     auto_rows = []  # an adaptive run that chose plain decoding throughout has no alpha: it still counts here
-    for (cat, pol, draft), g in sweep.filter(pl.col("draft") != "none").group_by(["category", "policy", "draft"],
-                                                                                maintain_order=True):
+    for (cat, pol, draft), g in sweep.filter(pl.col("draft") != "none").group_by(
+            ["category", "policy", "draft_label"], maintain_order=True):
         auto, fixed = g.filter(pl.col("adaptive")), g.filter(~pl.col("adaptive"))
         if not len(auto) or not len(fixed):
             continue

@@ -54,7 +54,7 @@ def _verdicts(v: pl.DataFrame | None, plan: dict) -> list[str]:
         star = "*" if r["adjusted"] else ""
         speed = ci(r["speedup"], r["lo"], r["hi"], unit="x") + star
         rows.append([r[k] for k in vary] + [r["category"], r["policy"], f(r["plain_tokens_per_s"], ".1f"),
-                     f"{r['draft']} g={r['gamma_label']}" if r["draft"] else "", speed, r["verdict"],
+                     f"{r['draft_label']} g={r['gamma_label']}" if r["draft"] else "", speed, r["verdict"],
                      r["prompts"] or "", _settle(r), _why(r)])
     paired = plan.get("params", {}).get("paired")
     return ["## Verdict per category", "",
@@ -121,8 +121,8 @@ def _failures(data: dict[str, pl.DataFrame]) -> list[str]:
     if not len(failed):
         return []
     cfg = data["configs"]
-    rows = [[r["unit"], r["draft"], r["gamma_label"], r["policy"], r["round"], r["status"], r["error"]]
-            for r in failed.join(cfg.select("config", "draft", "gamma_label", "policy"), on="config", how="left")
+    rows = [[r["unit"], r["draft_label"], r["gamma_label"], r["policy"], r["round"], r["status"], r["error"]]
+            for r in failed.join(cfg.select("config", "draft_label", "gamma_label", "policy"), on="config", how="left")
             .iter_rows(named=True)]
     return ["## Configurations that did not finish", "",
             table(rows, ["unit", "draft", "gamma", "policy", "round", "status", "error"]), ""]

@@ -57,7 +57,7 @@ def cost_model(data: dict[str, pl.DataFrame]) -> list[str]:
     cm = data.get("cost_model")
     if cm is None or not len(cm):
         return []
-    rows = [[r["category"], r["policy"], r["draft"], r["gamma_label"], f(r["alpha"], ".3f"),
+    rows = [[r["category"], r["policy"], r["draft_label"], r["gamma_label"], f(r["alpha"], ".3f"),
              f(r["predicted"]) + ("x" if r["predicted"] is not None else ""), f(r["speedup"]) + "x",
              f(r["error"], "+.0%"), "" if r["tokens_per_call_rse"] is None else f"±{r['tokens_per_call_rse']:.0%}"]
             for r in cm.iter_rows(named=True)]
@@ -126,8 +126,9 @@ def quantization(sweep: pl.DataFrame) -> list[str]:
 
 def memory(sweep: pl.DataFrame) -> list[str]:
     m = sweep.group_by("config", maintain_order=True).agg(
-        pl.col("draft", "gamma_label", "policy", "peak_rss_bytes", "target_bytes", "draft_bytes", "kv_bytes").first())
-    rows = [[r["draft"], r["gamma_label"], r["policy"], mib(r["peak_rss_bytes"]),
+        pl.col("draft_label", "gamma_label", "policy", "peak_rss_bytes", "target_bytes", "draft_bytes", "kv_bytes")
+        .first())
+    rows = [[r["draft_label"], r["gamma_label"], r["policy"], mib(r["peak_rss_bytes"]),
              mib((r["target_bytes"] or 0) + (r["draft_bytes"] or 0)), mib(r["kv_bytes"])]
             for r in m.iter_rows(named=True)]
     return ["## Memory", "", "Peak RSS of each configuration's worker process; model files; KV cache at n_ctx (f16).",
@@ -137,8 +138,8 @@ def memory(sweep: pl.DataFrame) -> list[str]:
 def equivalence(eq: pl.DataFrame | None, cfg: pl.DataFrame) -> list[str]:
     if eq is None or not len(eq):
         return []
-    e = eq.join(cfg.select("config", "draft", "gamma", "gamma_label"), on="config")
-    rows = [[r["category"], r["draft"], r["gamma_label"], r["generations"], f(r["exact_match_pct"], ".0f") + "%",
+    e = eq.join(cfg.select("config", "draft", "draft_label", "gamma", "gamma_label"), on="config")
+    rows = [[r["category"], r["draft_label"], r["gamma_label"], r["generations"], f(r["exact_match_pct"], ".0f") + "%",
              r["kernel_near_ties"], r["mismatches"], r["unchecked"]]
             for r in e.sort(["category", "draft", "gamma"]).iter_rows(named=True)]
     return ["## Output equivalence (greedy)", "",
@@ -159,14 +160,15 @@ def per_category(sweep: pl.DataFrame) -> list[str]:
              "Every row states its draft, gamma and sampling policy; [a, b] is the row's 95% confidence interval "
              "(bootstrap over prompts and steps; one prompt: over steps only).", ""]
     for (cat,), g in sweep.group_by("category", maintain_order=True):
-        g = g.sort([pl.col("policy") != "greedy", "policy", "draft", "gamma"])
+        g = g.sort([pl.col("policy") != "greedy", "policy", "draft", "gamma", "draft_label"])
         acc, speed, steps = [], [], []
         for r in g.iter_rows(named=True):
-            key = [r["draft"], r["gamma_label"], r["policy"]]
+            key = [r["draft_label"], r["gamma_label"], r["policy"]]
             if r["draft"] == "none":
                 speed.append(key + ["", f(r["tokens_per_s"], ".1f"), "", "", "", f(r["latency_ms"], ".0f")])
                 continue
-            acc.append(key + [r["proposed"], r["accepted"],
+            drafted = r["proposed"] / r["verify_steps"] if r["verify_steps"] else None
+            acc.append(key + [r["proposed"], f(drafted), r["accepted"],
                               pct_ci(r["acceptance_rate"], r.get("acceptance_rate_lo"), r.get("acceptance_rate_hi")),
                               ci(r["mean_accepted_len"], r.get("mean_accepted_len_lo"), r.get("mean_accepted_len_hi")),
                               ci(r["alpha"], r.get("alpha_lo"), r.get("alpha_hi"), ".3f"), f(r["tokens_per_call"])])
@@ -178,8 +180,8 @@ def per_category(sweep: pl.DataFrame) -> list[str]:
                                 r.get("rejected_at_steps") or "", r.get("target_conf_accept_prob") or ""])
         lines += [f"### {cat}", ""]
         if acc:
-            lines += [table(acc, ["draft", "gamma", "policy", "proposed", "accepted", "acceptance", "accepted/step",
-                                  "alpha", "tokens/call"]), ""]
+            lines += [table(acc, ["draft", "gamma", "policy", "proposed", "drafted/step", "accepted", "acceptance",
+                                  "accepted/step", "alpha", "tokens/call"]), ""]
         lines += [table(speed, ["draft", "gamma", "policy", "prompts", "tok/s", "plain tok/s", "speedup",
                                 "break-even", "latency ms"]), ""]
         if steps:
@@ -194,9 +196,9 @@ def noise(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
     if nz is None or not len(nz) or "foreign_max" not in nz.columns:
         return []
     cfg = data["configs"]
-    n = nz.join(cfg.select("config", "draft", "gamma_label", "policy"), on="config", how="left")
+    n = nz.join(cfg.select("config", "draft_label", "gamma_label", "policy"), on="config", how="left")
     paired = "plain_vs_run" in n.columns
-    rows = [[r["draft"], r["gamma_label"], r["policy"], f(r["foreign_mean"], ".1%"), f(r["foreign_max"], ".1%"),
+    rows = [[r["draft_label"], r["gamma_label"], r["policy"], f(r["foreign_mean"], ".1%"), f(r["foreign_max"], ".1%"),
              f(r["load1"], ".2f")]
             + ([ci(r["plain_vs_run"], r["plain_vs_run_min"], r["plain_vs_run_max"])] if paired else [])
             + ["BUSY" if r["busy"] else ""]

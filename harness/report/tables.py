@@ -23,7 +23,8 @@ def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
     for d in plan["instances"]:
         inst = Instance(**d)
         res = results.get(inst.id, {})
-        rows.append({"config": inst.id, "target": inst.target, "draft": inst.draft, "gamma": inst.gamma,
+        rows.append({"config": inst.id, "target": inst.target, "draft": inst.draft, "draft_label": inst.draft_label,
+                     "verify": inst.verify, "p_min": inst.p_min, "n_min": inst.n_min, "gamma": inst.gamma,
                      "adaptive": inst.adaptive, "gamma_label": inst.gamma_label,
                      "policy": Policy(**inst.policy).label, "ngl": inst.ngl, "ngl_draft": inst.ngl_draft,
                      "threads": inst.threads, "status": res.get("status", "not run"),
@@ -128,7 +129,7 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
     base_of = base_configs(cfg)
     timed = sweep.filter(pl.col("draft") != "none").with_columns(
         pl.col("config").replace_strict(base_of, default=None).alias("base")).select(
-        "base", "category", pl.col("draft").alias("proposer"), "gamma", "adaptive",
+        "base", "category", pl.col("draft_label").alias("proposer"), "gamma", "adaptive",
         *[pl.col(c).alias(f"timed_{c}") for c in ("config", "speedup", "speedup_lo", "speedup_hi",
                                                   "acceptance_rate", "mean_accepted_len", "prompts")])
     pred = pred.join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="left").join(

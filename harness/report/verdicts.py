@@ -9,8 +9,8 @@ from harness.analysis.verdict import Evidence, decide
 
 GROUP = ["target", "policy", "ngl", "threads", "category"]
 # what a verdict line carries of the configuration it names
-CHOSEN = ("config", "draft", "gamma_label", "speedup", "prompts", "tokens_per_s", "acceptance_rate", "proposed",
-          "adaptive", "draft_ms", "verify_ms", "overhead_ms", "verify_ms_per_call", "ref_tokens_per_ms",
+CHOSEN = ("config", "draft", "draft_label", "gamma_label", "speedup", "prompts", "tokens_per_s", "acceptance_rate",
+          "proposed", "adaptive", "draft_ms", "verify_ms", "overhead_ms", "verify_ms_per_call", "ref_tokens_per_ms",
           "break_even_rate")
 
 

@@ -1,0 +1,76 @@
+"""How drafts are made and checked, end to end on SmolLM2: llama.cpp's verification rule beside Leviathan's,
+p-min and n-min, in the sweep, the replay and the report; and their bad inputs."""
+import json
+
+import pytest
+
+from harness.plan import Instance, Params, expand
+from harness.proposers import Drafting
+from tests.test_bench import harness, md_table, one_line_error
+
+T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
+SAMPLED = {"temperature": 0.8, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "seed": 0}
+
+
+def test_rules_are_swept_only_where_they_differ_and_old_ids_stay():
+    p = Params(target=[T], draft=[D, "ngram:2"], gamma=[2], temp=[0.0, 0.8], verify=["leviathan", "exact"],
+               draft_p_min=[0.0, 0.5])
+    got = {(i.policy["temperature"], i.draft, i.verify, i.p_min) for i in expand(p) if not i.baseline}
+    # greedy: one rule; a lookup has no probabilities for p-min
+    assert got == {(0.0, D, "leviathan", 0.0), (0.0, D, "leviathan", 0.5), (0.0, "ngram:2", "leviathan", 0.0),
+                   (0.8, D, "leviathan", 0.0), (0.8, D, "leviathan", 0.5), (0.8, D, "exact", 0.0),
+                   (0.8, D, "exact", 0.5), (0.8, "ngram:2", "leviathan", 0.0), (0.8, "ngram:2", "exact", 0.0)}
+    old = Instance(T, D, 2, SAMPLED, 0, 0, 2)  # a run from before these fields names its units the same
+    assert old.id == "g2-" + __import__("hashlib").sha1(json.dumps(
+        {k: v for k, v in old.__dict__.items() if k not in ("verify", "p_min", "n_min")},
+        sort_keys=True).encode()).hexdigest()[:10]
+    assert Instance(T, D, 2, SAMPLED, 0, 0, 2, verify="exact").id != old.id
+    assert Drafting("exact", 0.75, 2).label(D) == f"{D} (exact, p-min 0.75, n-min 2)"
+
+
+@pytest.fixture(scope="module")
+def rules_run(tmp_path_factory, smol, smol_q2k):
+    out = tmp_path_factory.mktemp("rules")
+    r = harness("bench", "--target", T, "--draft", D, "--gamma", "3", "--temp", "0.8", "--top-p", "0.9",
+                "--verify", "leviathan,exact", "--draft-p-min", "0,0.6", "--draft-n-min", "0,2",
+                "--categories", "code", "--per-category", "2", "--max-tokens", "24", "--paired", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
+    return run, (out / f"{run.name}.md").read_text()
+
+
+def test_exact_rule_and_p_min_in_the_sweep_and_report(rules_run):
+    run, md = rules_run
+    res = {json.loads(x)["config"]: json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()}
+    assert all(r["status"] == "ok" for r in res.values())
+    plan = json.loads((run / "plan.json").read_text())
+    insts = [Instance(**d) for d in plan["instances"] if d["draft"] != "none"]
+    assert len(insts) == 8
+    steps = {}
+    for i in insts:
+        recs = [json.loads(x) for x in (run / "traces" / f"{i.id}.jsonl").read_text().splitlines()]
+        steps[(i.verify, i.p_min, i.n_min)] = [r for r in recs if r.get("type") == "step"]
+    exact = [s for s in steps[("exact", 0.0, 0)] if s["proposed"]]
+    # llama.cpp's rule: alpha at a drafted position is p(the draft's token), never Leviathan's overlap
+    assert exact and all(0 <= a <= 1 for s in exact for a in s["alpha"])
+    full = [s["proposed"] for s in steps[("leviathan", 0.0, 0)]]
+    pmin = [s["proposed"] for s in steps[("leviathan", 0.6, 0)]]
+    assert sum(pmin) < sum(full)  # drafting stopped early at low confidence
+    assert all(n == 0 or n >= 2 for s in (steps[("leviathan", 0.6, 2)],) for n in (x["proposed"] for x in s))
+    acc = md_table(md, "### code")
+    labels = {r["draft"] for r in acc}
+    assert {D, f"{D} (exact)", f"{D} (p-min 0.6)", f"{D} (exact, p-min 0.6, n-min 2)"} <= labels
+    assert all(r["drafted/step"] for r in acc)
+    r = harness("report", str(run), "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--verify", "medusa"], ["verification rule", "medusa", "leviathan"]),
+    (["--draft-p-min", "1.5"], ["--draft-p-min", "[0, 1]"]),
+    (["--draft-n-min", "-1"], ["--draft-n-min", ">= 0"]),
+    (["--replay", "--timed-subset", "1", "--draft-p-min", "0.5"], ["--draft-p-min", "--timed-subset"]),
+])
+def test_bad_drafting_options_are_one_line(tmp_path, args, words):
+    one_line_error(harness("bench", "--target", T, "--draft", D, "--temp", "0.8", *args, "--out",
+                           str(tmp_path / "r")), *words)
