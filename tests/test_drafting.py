@@ -74,3 +74,23 @@ def test_exact_rule_and_p_min_in_the_sweep_and_report(rules_run):
 def test_bad_drafting_options_are_one_line(tmp_path, args, words):
     one_line_error(harness("bench", "--target", T, "--draft", D, "--temp", "0.8", *args, "--out",
                            str(tmp_path / "r")), *words)
+
+
+def test_the_replay_predicts_both_rules_and_times_what_it_chose(tmp_path, smol, smol_q2k):
+    out = tmp_path / "r"
+    r = harness("bench", "--target", T, "--draft", D, "--gamma", "1,2", "--temp", "0.8", "--top-p", "0.9",
+                "--verify", "leviathan,exact", "--categories", "code,grounded", "--per-category", "2",
+                "--max-tokens", "16", "--replay", "--replay-gamma", "3", "--timed-subset", "1", "--paired",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
+    recs = [json.loads(x) for f in (run / "replay" / "traces").glob("*.jsonl") for x in f.read_text().splitlines()]
+    rep = [x for x in recs if x["type"] == "replay"]
+    assert rep and all(len(x["alpha_exact"]) == len(x["alpha"]) for x in rep)
+    md = (out / f"{run.name}.md").read_text()
+    pred = md_table(md, "### Predicted speedup")
+    assert {x["proposer"] for x in pred} == {D, f"{D} (exact)"}
+    timed = md_table(md, "### Replayed against timed")
+    assert {x["proposer"] for x in timed} == {D, f"{D} (exact)"}  # the subset timed both rules, like for like
+    r = harness("report", str(run), "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
