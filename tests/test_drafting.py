@@ -90,6 +90,9 @@ def test_the_replay_predicts_both_rules_and_times_what_it_chose(tmp_path, smol, 
     md = (out / f"{run.name}.md").read_text()
     pred = md_table(md, "### Predicted speedup")
     assert {x["proposer"] for x in pred} == {D, f"{D} (exact)"}
+    rules = md_table(md, "### Verification rules (replayed)")
+    assert {(x["category"], x["draft"]) for x in rules} == {("code", D), ("grounded", D)}
+    assert all(x["alpha leviathan"] and x["alpha exact"] for x in rules)
     timed = md_table(md, "### Replayed against timed")
     assert {x["proposer"] for x in timed} == {D, f"{D} (exact)"}  # the subset timed both rules, like for like
     r = harness("report", str(run), "--check")

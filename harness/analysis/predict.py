@@ -147,7 +147,7 @@ def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts
             if not row.prompts:
                 continue
             iv = row_intervals(row, f"replay/{config}/{cat}/{label}/{gamma}" + ("/auto" if adaptive else ""))
-            out.append({"config": config, "policy": policy, "category": cat, "proposer": label,
+            out.append({"config": config, "policy": policy, "category": cat, "proposer": label, "draft": proposer,
                         "verify": drafting.verify,
                         "gamma": gamma, "adaptive": adaptive, "kind": "exact" if greedy else "expected",
                         "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g in gens if g))}

@@ -79,8 +79,8 @@ def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
              table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
                            "to settle", "timed run"]), ""]
     fixed = r.filter(~pl.col("adaptive"))
-    return lines + _acceptance(fixed) + _costs(data.get("replay_costs")) + _speedup(fixed) + _adaptive(r) + \
-        _against_timed(data.get("replay_same"), data.get("equivalence"))
+    return lines + _acceptance(fixed) + _costs(data.get("replay_costs")) + _speedup(fixed) + _rules(fixed) + \
+        _adaptive(r) + _against_timed(data.get("replay_same"), data.get("equivalence"))
 
 
 def _adaptive(r: pl.DataFrame) -> list[str]:
@@ -145,6 +145,29 @@ def _speedup(r: pl.DataFrame) -> list[str]:
                      ci(one["speedup"], one["speedup_lo"], one["speedup_hi"], unit="x")])
     return ["### Predicted speedup (acceptance and cost combined)", "", table(
         rows, ["category", "policy", "proposer", "best gamma", "at best gamma", "at gamma 1"]), ""]
+
+
+def _rules(r: pl.DataFrame) -> list[str]:
+    """Leviathan's rule beside llama.cpp's, per draft, where the replay predicted both (sampled policies)."""
+    if "verify" not in r.columns or r["verify"].n_unique() < 2:
+        return []
+    rows = []
+    for (cat, pol, draft), g in r.group_by(["category", "policy", "draft"], maintain_order=True):
+        rules = {v: g.filter(pl.col("verify") == v) for v in ("leviathan", "exact")}
+        if any(not len(x) for x in rules.values()):
+            continue
+        one = {v: x.filter(pl.col("gamma") == 1).row(0, named=True) for v, x in rules.items()}
+        best = {v: x.sort("speedup", descending=True).row(0, named=True) for v, x in rules.items()}
+        rows.append([cat, pol, draft] + [ci(one[v]["alpha"], one[v]["alpha_lo"], one[v]["alpha_hi"], ".3f")
+                                         for v in rules]
+                    + [f"g={best[v]['gamma']}: " + ci(best[v]["speedup"], best[v]["speedup_lo"],
+                                                      best[v]["speedup_hi"], unit="x") for v in rules])
+    return ["### Verification rules (replayed)", "",
+            "Acceptance per position and the best predicted speedup under Leviathan's rejection sampling (a draft "
+            "sampled from q, accepted with probability sum min(p, q)) and llama.cpp's rule (the draft's top token, "
+            "accepted when the target samples it: probability p of that token), from the same passes.", "",
+            table(rows, ["category", "policy", "draft", "alpha leviathan", "alpha exact", "best leviathan",
+                         "best exact"]), ""] if rows else []
 
 
 def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None) -> list[str]:
