@@ -8,8 +8,7 @@ from collections import defaultdict
 import numpy as np
 
 from harness.analysis.intervals import Generation, Row, row_intervals, step_matrix
-from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, step_ms
-from harness.analysis.replay import replay_step
+from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, replay_step, step_ms
 from harness.costmodel import Costs
 
 FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")

@@ -110,10 +110,7 @@ def subset_s(instances: list[Instance], prompts: list, n: int, max_tokens: int, 
              measured: dict | None = None) -> float:
     """At most how long the timed subset takes (bench.subset.choose picks it after the replay): per proposer
     and policy, gamma 1 and the predicted best gamma (costed as gamma 1), on each category's first n prompts."""
-    firsts: dict[str, list] = {}
-    for p in prompts:
-        if len(firsts.setdefault(p.category, [])) < n:
-            firsts[p.category].append(p)
-    chosen = [p for ps in firsts.values() for p in ps]
+    from harness.bench.subset import first_prompts
+    chosen = [p for ps in first_prompts(prompts, n).values() for p in ps]
     ones = [i for i in instances if not i.baseline and not i.adaptive and i.gamma == 1]
     return 2 * estimate_s([(i, chosen) for i in ones], max_tokens, 1, paired, run_dir, measured)

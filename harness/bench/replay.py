@@ -9,14 +9,11 @@ time, as in the loop), under sampling, alpha = sum min(p, q) at each position (f
 from __future__ import annotations
 
 import time
-import traceback
-from dataclasses import asdict
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.bench.worker import isolated_unit, record_attempt
 from harness.plan import Instance, Params
-from harness.procs import death, peak_rss_bytes, run_isolated
-from harness.rundir import REPLAY_DIR, finished, load_records, record_result, unit_id
+from harness.rundir import REPLAY_DIR, load_records, unit_id
 
 KIND = "replay"
 
@@ -131,30 +128,14 @@ def ngram_ms(name: str, texts: list[list[int]]) -> float:
 
 def _child(attempt: str, base_d: dict, round_: int, prompts: list, proposers: list[str], gamma_max: int,
            params: Params, run_dir: str) -> None:
-    base = Instance(**base_d)
-    rd = Path(run_dir)
-    try:
-        res = replay_unit(base, round_, prompts, proposers, gamma_max, params, rd)
-    except HarnessError as e:
-        res = {"status": "error", "error": str(e)}
-    except Exception as e:  # noqa: BLE001 - any failure becomes a row
-        res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    record_result(rd / REPLAY_DIR, {"config": base.id, "unit": unit_id(base.id, round_), "round": round_,
-                                    **asdict(base), **res, "proposers": proposers, "gamma_max": gamma_max,
-                                    "peak_rss_bytes": peak_rss_bytes(), "attempt": attempt})
+    base, rd = Instance(**base_d), Path(run_dir)
+    record_attempt(attempt, base, round_, rd / REPLAY_DIR,
+                   lambda: replay_unit(base, round_, prompts, proposers, gamma_max, params, rd),
+                   proposers=proposers, gamma_max=gamma_max)
 
 
 def run_replay(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
                run_dir: Path, on_start=None) -> dict:
-    """replay_unit in a fresh process; a worker that dies before its result leaves an error row."""
-    import os
-    attempt = os.urandom(6).hex()
-    code = run_isolated(_child, attempt, asdict(base), round_, prompts, proposers, gamma_max, params, str(run_dir),
-                        on_start=on_start)
-    unit = unit_id(base.id, round_)
-    res = finished(run_dir / REPLAY_DIR).get(unit)
-    if res is None or res.get("attempt") != attempt:
-        res = {"config": base.id, "unit": unit, "round": round_, **asdict(base), "status": "error",
-               "error": death(code)}
-        record_result(run_dir / REPLAY_DIR, res)
-    return res
+    """replay_unit in a fresh process, as bench.worker runs a configuration."""
+    return isolated_unit(_child, base, round_, run_dir / REPLAY_DIR,
+                         (prompts, proposers, gamma_max, params, str(run_dir)), on_start)

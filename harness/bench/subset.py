@@ -10,6 +10,15 @@ import polars as pl
 from harness.plan import Instance
 
 
+def first_prompts(prompts: list, n: int) -> dict[str, list]:
+    """Each category's first n prompts, in the run's order: the prompts the subset is timed on."""
+    firsts: dict[str, list] = {}
+    for p in prompts:
+        if len(firsts.setdefault(p.category, [])) < n:
+            firsts[p.category].append(p)
+    return firsts
+
+
 def choose(run_dir: Path, instances: list[Instance], prompts: list, n: int) -> dict[str, list[str]]:
     """{configuration id: prompt ids to time it on}, from the run's replay predictions."""
     from harness.report.tables import compute
@@ -17,10 +26,7 @@ def choose(run_dir: Path, instances: list[Instance], prompts: list, n: int) -> d
     pred = compute(run_dir).get("replay")
     if pred is None or not len(pred):
         return {}
-    firsts: dict[str, list[str]] = {}
-    for p in prompts:
-        if len(firsts.setdefault(p.category, [])) < n:
-            firsts[p.category].append(p.id)
+    firsts = {cat: [p.id for p in ps] for cat, ps in first_prompts(prompts, n).items()}
     by_key = {(i.target, i.ngl, i.threads, Policy(**i.policy).label, i.draft_label, i.gamma): i.id
               for i in instances if not i.baseline and not i.adaptive}
     chosen: dict[str, list[str]] = {}

@@ -138,31 +138,42 @@ def adaptive_controller(inst: Instance, pair, run_dir: Path, context: float):
     return AdaptiveGamma(costs, inst.gamma)
 
 
-def _child(attempt: str, inst_d: dict, round_: int, prompts: list, params: Params, run_dir: str) -> None:
-    inst = Instance(**inst_d)
-    rd = Path(run_dir)
+def record_attempt(attempt: str, inst: Instance, round_: int, results_dir: Path, work, **extra) -> None:
+    """In a worker: run work() and record what it returned, or the error it raised, as the unit's result row
+    (with `extra` fields, the peak RSS and the attempt that wrote it)."""
     try:
-        res = run_instance(inst, round_, prompts, params, rd)
+        res = work()
     except HarnessError as e:
         res = {"status": "error", "error": str(e)}
     except Exception as e:  # noqa: BLE001 - any failure becomes a row; the sweep goes on
         res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    res["peak_rss_bytes"] = peak_rss_bytes()
-    record_result(rd, {"config": inst.id, "unit": unit_id(inst.id, round_), "round": round_, **asdict(inst), **res,
-                       "attempt": attempt})
+    record_result(results_dir, {"config": inst.id, "unit": unit_id(inst.id, round_), "round": round_, **asdict(inst),
+                                **res, **extra, "peak_rss_bytes": peak_rss_bytes(), "attempt": attempt})
+
+
+def isolated_unit(child, inst: Instance, round_: int, results_dir: Path, args: tuple, on_start=None) -> dict:
+    """child(attempt, asdict(inst), round_, *args) in a fresh process (on_start(pid) is told its pid); its result
+    row from results_dir. A worker that dies (segfault, out of memory) before writing its result leaves an error
+    row; one that dies after writing it (say, in llama.cpp's teardown) keeps its result: the traces are
+    complete."""
+    attempt = os.urandom(6).hex()
+    unit = unit_id(inst.id, round_)
+    code = run_isolated(child, attempt, asdict(inst), round_, *args, on_start=on_start)
+    res = finished(results_dir).get(unit)
+    if res is None or res.get("attempt") != attempt:
+        res = {"config": inst.id, "unit": unit, "round": round_, **asdict(inst), "status": "error",
+               "error": death(code)}
+        record_result(results_dir, res)
+    return res
+
+
+def _child(attempt: str, inst_d: dict, round_: int, prompts: list, params: Params, run_dir: str) -> None:
+    inst = Instance(**inst_d)
+    record_attempt(attempt, inst, round_, Path(run_dir), lambda: run_instance(inst, round_, prompts, params,
+                                                                             Path(run_dir)))
 
 
 def run_in_worker(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path, on_start=None,
                   child=_child) -> dict:
-    """Run a unit in a fresh process (on_start(pid) is told its pid). A worker that dies (segfault, out of
-    memory) before writing its result leaves an error row; one that dies after writing it (say, in llama.cpp's
-    teardown) keeps its result: the traces are complete."""
-    attempt = os.urandom(6).hex()
-    unit = unit_id(inst.id, round_)
-    code = run_isolated(child, attempt, asdict(inst), round_, prompts, params, str(run_dir), on_start=on_start)
-    res = finished(run_dir).get(unit)
-    if res is None or res.get("attempt") != attempt:
-        res = {"config": inst.id, "unit": unit, "round": round_, **asdict(inst), "status": "error",
-               "error": death(code)}
-        record_result(run_dir, res)
-    return res
+    """run_instance in a fresh process."""
+    return isolated_unit(child, inst, round_, run_dir, (prompts, params, str(run_dir)), on_start)
