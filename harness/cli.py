@@ -6,6 +6,7 @@ import sys
 import click
 from tabulate import tabulate
 
+from harness.engine import CACHE_TYPES
 from harness.errors import HarnessError
 
 
@@ -58,6 +59,9 @@ def models_info(ref, as_json):
     click.echo(info_text(ref, as_json))
 
 
+CACHE_HELP = ", ".join(CACHE_TYPES)
+
+
 def _policy_options(f):
     for opt in reversed([
         click.option("--temp", "temperature", type=float, default=0.0, show_default=True, help="0 is greedy."),
@@ -92,9 +96,18 @@ def _policy_options(f):
               help="Stop drafting once the draft's top probability falls below this.")
 @click.option("--draft-n-min", type=int, default=0, show_default=True,
               help="Drop a draft shorter than this (that step decodes plainly).")
+@click.option("--cache-type-k", default="f16", show_default=True, help=f"Target K cache type: {CACHE_HELP}.")
+@click.option("--cache-type-v", default="f16", show_default=True, help="Target V cache type (quantized: needs flash "
+                                                                       "attention).")
+@click.option("--cache-type-k-draft", default="f16", show_default=True, help="Draft K cache type.")
+@click.option("--cache-type-v-draft", default="f16", show_default=True, help="Draft V cache type.")
+@click.option("--flash-attn", default="auto", show_default=True, help="on, off or auto (both models).")
+@click.option("--ubatch", type=int, default=512, show_default=True, help="Physical batch size (both models).")
 def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k, top_p, min_p, seed,
-        max_tokens, n_ctx, ngl, ngl_draft, threads, baseline, trace_path, verify, draft_p_min, draft_n_min):
+        max_tokens, n_ctx, ngl, ngl_draft, threads, baseline, trace_path, verify, draft_p_min, draft_n_min,
+        cache_type_k, cache_type_v, cache_type_k_draft, cache_type_v_draft, flash_attn, ubatch):
     """One generation with TARGET (and a draft): text with accepted draft tokens marked, then a summary."""
+    from dataclasses import replace
     from pathlib import Path
 
     from harness.engine import EngineConfig
@@ -114,8 +127,13 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
     if not prompt_text.strip():
         raise HarnessError("the prompt is empty")
     prompt = Prompt("cli", "cli", (("user", prompt_text),), prompt_text, max_tokens, chat=not raw)
-    run_one(target, draft, prompt, policy, gamma, max_tokens, EngineConfig(n_ctx=n_ctx, n_gpu_layers=ngl,
-            threads=threads), ngl_draft, baseline, Path(trace_path) if trace_path else None, drafting)
+    cfg = EngineConfig(n_ctx=n_ctx, n_gpu_layers=ngl, threads=threads, cache_k=cache_type_k, cache_v=cache_type_v,
+                       flash_attn=flash_attn, n_ubatch=ubatch)
+    if ubatch < 1:
+        raise HarnessError(f"--ubatch must be >= 1, got {ubatch}")
+    draft_cfg = replace(cfg, n_gpu_layers=ngl_draft, cache_k=cache_type_k_draft, cache_v=cache_type_v_draft)
+    run_one(target, draft, prompt, policy, gamma, max_tokens, cfg, draft_cfg, baseline,
+            Path(trace_path) if trace_path else None, drafting)
 
 
 @cli.command()
@@ -149,6 +167,13 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--draft-p-min", help="Comma list: stop drafting once the draft's top probability falls below this "
                                     "(llama.cpp's --spec-draft-p-min; 0 = never).")
 @click.option("--draft-n-min", help="Comma list: drop a draft shorter than this; that step decodes plainly.")
+@click.option("--cache-type-k", help=f"Comma list of the target's K cache types: {CACHE_HELP} (default f16).")
+@click.option("--cache-type-v", help="Comma list of the target's V cache types (quantized ones need flash attention).")
+@click.option("--cache-type-k-draft", help="Comma list of the draft's K cache types.")
+@click.option("--cache-type-v-draft", help="Comma list of the draft's V cache types.")
+@click.option("--flash-attn", help="Comma list of on, off, auto (both models; default auto).")
+@click.option("--ubatch", help="Comma list of physical batch sizes, both models (default 512; smaller shrinks the "
+                               "compute buffer).")
 @click.option("--categories", help="Comma list of prompt categories.")
 @click.option("--prompts", help="Comma list of prompt JSONL files (instead of prompts/<category>.jsonl).")
 @click.option("--per-category", type=int, help="Prompts per category (0 = all).")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,29 +19,83 @@ _backend_ready = False
 
 
 def llama():
-    """Import llama_cpp once, silence its logging, initialise the backend."""
+    """Import llama_cpp once, take over its logging (quiet unless HARNESS_LLAMA_LOG), initialise the backend."""
     global _backend_ready
     import llama_cpp
     if not _backend_ready:
-        if not os.environ.get("HARNESS_LLAMA_LOG"):
-            _silence(llama_cpp)
+        _take_log(llama_cpp, echo=bool(os.environ.get("HARNESS_LLAMA_LOG")))
         llama_cpp.llama_backend_init()
         _backend_ready = True
     return llama_cpp
 
 
 _log_cb = None
+_capture: list[str] | None = None
 
 
-def _silence(llama_cpp) -> None:
+def _take_log(llama_cpp, echo: bool) -> None:
     global _log_cb
 
     @llama_cpp.llama_log_callback
-    def _quiet(level, text, user_data):
-        return None
+    def _log(level, text, user_data):
+        if _capture is not None:
+            _capture.append(text.decode(errors="replace"))
+        if echo:
+            sys.stderr.write(text.decode(errors="replace"))
 
-    _log_cb = _quiet  # keep a reference: llama.cpp calls it later
+    _log_cb = _log  # keep a reference: llama.cpp calls it later
     llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))
+
+
+@contextmanager
+def captured_log():
+    """llama.cpp's log lines while the block runs (its memory breakdown is only logged)."""
+    global _capture
+    _capture = []
+    try:
+        yield _capture
+    finally:
+        _capture = None
+
+
+# llama.cpp's lines "<buffer type> <what> buffer size = <x> MiB", logged while a model and a context are made
+_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|RS|output|compute) buffer size =\s*([\d.]+) MiB")
+
+
+def memory_breakdown(log: str) -> list[dict]:
+    """[{buffer, kind, bytes}] from llama.cpp's log: weights (model), KV cache (kv; rs for recurrent state),
+    logits (output) and the compute buffer, per buffer type (CPU, CPU_Mapped, CUDA0, CUDA_Host, ...). A compute
+    buffer is logged each time the scheduler reserves one: the last size per buffer type stands."""
+    out: dict[tuple[str, str], int] = {}
+    for name, kind, mib in _BUFFER_LINE.findall(log):
+        key, size = (name, kind.lower()), int(round(float(mib) * 2**20))
+        out[key] = size if kind == "compute" else out.get(key, 0) + size
+    return [{"buffer": b, "kind": k, "bytes": v} for (b, k), v in out.items()]
+
+
+def on_host(buffer: str) -> bool:
+    """Host memory: the CPU's buffers and the pinned host buffers of a GPU backend (CUDA_Host, ...)."""
+    return buffer.startswith("CPU") or buffer.endswith("_Host")
+
+
+# llama.cpp's -ctk/-ctv types
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+FLASH_ATTN = ("auto", "on", "off")
+
+
+def cache_type(name: str):
+    from gguf import GGMLQuantizationType
+    return GGMLQuantizationType[name.upper()]
+
+
+def cache_bytes(name: str, elements: int) -> int:
+    from gguf import GGML_QUANT_SIZES
+    block, size = GGML_QUANT_SIZES[cache_type(name)]
+    return elements // block * size
+
+
+def quantized_cache(name: str) -> bool:
+    return name not in ("f32", "f16", "bf16")
 
 
 def gpu_offload_supported() -> bool:
@@ -68,8 +125,22 @@ class EngineConfig:
     n_batch: int = 512
     n_gpu_layers: int = 0
     threads: int = 0  # 0: physical cores
+    cache_k: str = "f16"
+    cache_v: str = "f16"
+    flash_attn: str = "auto"
+    n_ubatch: int = 0  # 0: n_batch
 
     def __post_init__(self):
+        for what, v in (("K", self.cache_k), ("V", self.cache_v)):
+            if v not in CACHE_TYPES:
+                raise HarnessError(f"unknown {what} cache type '{v}' (known: {', '.join(CACHE_TYPES)})")
+        if self.flash_attn not in FLASH_ATTN:
+            raise HarnessError(f"--flash-attn: unknown value '{self.flash_attn}' (use {', '.join(FLASH_ATTN)})")
+        if quantized_cache(self.cache_v) and self.flash_attn == "off":
+            raise HarnessError(f"a quantized V cache ({self.cache_v}) needs flash attention in llama.cpp: use "
+                               "--flash-attn on (or auto), or an f16 V cache")
+        if not 0 <= self.n_ubatch <= self.n_batch:
+            raise HarnessError(f"--ubatch must be between 1 and the batch size {self.n_batch}, got {self.n_ubatch}")
         if self.n_ctx < MIN_CTX:
             raise HarnessError(f"--n-ctx must be at least {MIN_CTX}, got {self.n_ctx}")
         if self.threads < 0:
@@ -79,6 +150,10 @@ class EngineConfig:
 
     def resolved_threads(self) -> int:
         return self.threads or default_threads()
+
+    @property
+    def ubatch(self) -> int:
+        return self.n_ubatch or self.n_batch
 
 
 def system_info() -> str:
@@ -103,6 +178,14 @@ def load_model(path: Path, n_gpu_layers: int = 0, vocab_only: bool = False):
     if not model:
         raise HarnessError(f"llama.cpp could not load {path} (not a valid or supported GGUF model, or truncated)")
     return model
+
+
+def _flash_attn_used(log: str, asked: str) -> bool | None:
+    """Whether the context runs flash attention: llama.cpp logs what "auto" resolved to."""
+    if asked != "auto":
+        return asked == "on"
+    found = re.findall(r"(?:Flash Attention|flash_attn\s+=) (enabled|disabled)", log)
+    return None if not found else found[-1] == "enabled"
 
 
 class Vocab:
@@ -194,21 +277,30 @@ class Engine:
         self.path = Path(path)
         self.cfg = cfg
         t0 = time.perf_counter()
-        self.model = load_model(self.path, cfg.n_gpu_layers)
-        self.vocab = Vocab(self.model)
-        self.n_vocab = self.vocab.n_vocab
-        cp = ll.llama_context_default_params()
-        cp.n_ctx = cfg.n_ctx
-        cp.n_batch = cfg.n_batch
-        cp.n_ubatch = cfg.n_batch
-        cp.n_seq_max = 1
-        cp.n_threads = cp.n_threads_batch = cfg.resolved_threads()
-        cp.no_perf = False
-        self.ctx = ll.llama_init_from_model(self.model, cp)
+        with captured_log() as log:
+            self.model = load_model(self.path, cfg.n_gpu_layers)
+            self.vocab = Vocab(self.model)
+            self.n_vocab = self.vocab.n_vocab
+            cp = ll.llama_context_default_params()
+            cp.n_ctx = cfg.n_ctx
+            cp.n_batch = cfg.n_batch
+            cp.n_ubatch = cfg.ubatch
+            cp.n_seq_max = 1
+            cp.n_threads = cp.n_threads_batch = cfg.resolved_threads()
+            cp.no_perf = False
+            cp.type_k, cp.type_v = int(cache_type(cfg.cache_k)), int(cache_type(cfg.cache_v))
+            cp.flash_attn_type = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                  "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}[cfg.flash_attn]
+            self.ctx = ll.llama_init_from_model(self.model, cp)
+        text = "".join(log)
         if not self.ctx:
             ll.llama_model_free(self.model)
-            raise HarnessError(f"llama.cpp could not create a context for {self.path} (n_ctx={cfg.n_ctx}); "
-                               "try a smaller context")
+            why = [ln.strip() for ln in text.splitlines() if "error" in ln.lower() or "failed" in ln.lower()]
+            raise HarnessError(f"llama.cpp could not create a context for {self.path} (n_ctx={cfg.n_ctx}, KV "
+                               f"{cfg.cache_k}/{cfg.cache_v}, flash attention {cfg.flash_attn})"
+                               + (f": {why[-1]}" if why else "; try a smaller context"))
+        self.memory = memory_breakdown(text)
+        self.flash_attn = _flash_attn_used(text, cfg.flash_attn)
         # llama.cpp pads n_ctx up (to a multiple of 256); what the user asked for is the limit they are told of
         self.n_ctx_alloc = ll.llama_n_ctx(self.ctx)
         self.n_ctx = min(self.n_ctx_alloc, cfg.n_ctx)
@@ -270,7 +362,8 @@ class Engine:
         self._ll.llama_perf_context_reset(self.ctx)
 
     def kv_bytes(self) -> int:
-        """KV cache size of the allocated context at f16 K and V."""
+        """KV cache size of the allocated context at its K and V types (llama.cpp logs its own figure, which
+        self.memory holds; this one is computed, so the two check each other)."""
         ll = self._ll
         n_layer = ll.llama_model_n_layer(self.model)
         n_head, n_head_kv = ll.llama_model_n_head(self.model), ll.llama_model_n_head_kv(self.model)
@@ -278,7 +371,8 @@ class Engine:
         arch = self.vocab.meta("general.architecture") or ""
         k_len = int(self.vocab.meta(f"{arch}.attention.key_length") or head_dim)
         v_len = int(self.vocab.meta(f"{arch}.attention.value_length") or head_dim)
-        return self.n_ctx_alloc * n_layer * n_head_kv * (k_len + v_len) * 2
+        rows = self.n_ctx_alloc * n_layer * n_head_kv
+        return cache_bytes(self.cfg.cache_k, rows * k_len) + cache_bytes(self.cfg.cache_v, rows * v_len)
 
     def close(self) -> None:
         ll = self._ll

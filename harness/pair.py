@@ -1,7 +1,7 @@
 """Opening a target and a proposer for a run: resolve, check presence, offload and alignment, load."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.engine import Engine, EngineConfig, require_offload
 from harness.errors import HarnessError
@@ -35,9 +35,11 @@ class Pair:
         self.target.close()
 
 
-def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_ngl: int = 0,
+def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_cfg: EngineConfig | None = None,
               check_texts: list | None = None, check_alignment: bool = True, drafting: Drafting = Drafting()) -> Pair:
-    """Everything that can be refused is refused before any weights are loaded."""
+    """Everything that can be refused is refused before any weights are loaded. draft_cfg: the draft's
+    context (default: the target's, on the CPU)."""
+    draft_cfg = draft_cfg or replace(cfg, n_gpu_layers=0)
     tm = resolve(target_ref)
     require_present(tm)
     require_offload(cfg.n_gpu_layers, "--ngl")
@@ -48,7 +50,7 @@ def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_n
             from harness.align import require_aligned
             dm = resolve(draft_ref)
             require_present(dm)
-            require_offload(draft_ngl, "--ngl-draft")
+            require_offload(draft_cfg.n_gpu_layers, "--ngl-draft")
             if check_alignment:
                 alignment = require_aligned(tm.path, dm.path, check_texts)
         else:
@@ -59,7 +61,7 @@ def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_n
         pair.proposer = NgramProposer(ngram)
     elif dm is not None:
         try:
-            pair.draft_engine = Engine(dm.path, EngineConfig(cfg.n_ctx, cfg.n_batch, draft_ngl, cfg.threads))
+            pair.draft_engine = Engine(dm.path, draft_cfg)
         except BaseException:
             target.close()
             raise

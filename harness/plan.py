@@ -14,7 +14,8 @@ from harness.errors import HarnessError
 from harness.sampling import Policy
 
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads", "verify",
-             "draft_p_min", "draft_n_min")
+             "draft_p_min", "draft_n_min", "cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft",
+             "flash_attn", "ubatch")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset")
 
@@ -38,6 +39,12 @@ class Params:
     verify: list[str] = field(default_factory=lambda: ["leviathan"])  # proposers.RULES
     draft_p_min: list[float] = field(default_factory=lambda: [0.0])
     draft_n_min: list[int] = field(default_factory=lambda: [0])
+    cache_type_k: list[str] = field(default_factory=lambda: ["f16"])  # engine.CACHE_TYPES
+    cache_type_v: list[str] = field(default_factory=lambda: ["f16"])
+    cache_type_k_draft: list[str] = field(default_factory=lambda: ["f16"])
+    cache_type_v_draft: list[str] = field(default_factory=lambda: ["f16"])
+    flash_attn: list[str] = field(default_factory=lambda: ["auto"])  # both models, as llama.cpp's -fa
+    ubatch: list[int] = field(default_factory=lambda: [512])  # both models' n_ubatch
     categories: list[str] = field(default_factory=list)
     prompts: list[str] = field(default_factory=list)
     per_category: int = 0
@@ -129,8 +136,21 @@ def check(p: Params) -> None:
     if p.timed_subset and (any(p.draft_p_min) or any(p.draft_n_min)):
         raise HarnessError("--draft-p-min/--draft-n-min are not replayed, so --timed-subset would never time them: "
                            "sweep them without --timed-subset")
+    engine_knobs = any(getattr(p, k) != getattr(Params(), k) for k in ENGINE_KEYS)
+    if engine_knobs and (p.calibrate or any(isinstance(g, str) for g in p.gamma)):
+        raise HarnessError("calibrations (--calibrate, and auto gamma's controller) are taken at f16 KV caches, flash "
+                           "attention auto and ubatch 512: sweep --cache-type-*, --flash-attn and --ubatch with "
+                           "fixed gammas and without --calibrate")
+    if p.replay and max(len(p.cache_type_k_draft), len(p.cache_type_v_draft), len(p.ngl_draft)) > 1:
+        raise HarnessError("the replay names each draft by its model alone: sweep --ngl-draft and "
+                           "--cache-type-k-draft/-v-draft without --replay, or replay one value of each per run")
+    if any(v < 1 for v in p.ubatch):
+        raise HarnessError(f"--ubatch values must be >= 1, got {min(p.ubatch)}")
     if not 0 < p.busy_threshold <= 1:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
+
+
+ENGINE_KEYS = ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft", "flash_attn", "ubatch")
 
 
 def _as_list(key: str, v) -> list:
@@ -138,7 +158,9 @@ def _as_list(key: str, v) -> list:
     if key == "gamma":
         return [_gamma(x) for x in items]
     conv = {"target": str, "draft": str, "temp": float, "top_p": float, "top_k": int, "min_p": float, "ngl": int,
-            "ngl_draft": int, "threads": int, "verify": str, "draft_p_min": float, "draft_n_min": int}[key]
+            "ngl_draft": int, "threads": int, "verify": str, "draft_p_min": float, "draft_n_min": int,
+            "cache_type_k": str, "cache_type_v": str, "cache_type_k_draft": str, "cache_type_v_draft": str,
+            "flash_attn": str, "ubatch": int}[key]
     try:
         return [conv(x) for x in items]
     except ValueError:
@@ -171,6 +193,12 @@ class Instance:
     verify: str = "leviathan"  # how drafts are made and checked: proposers.Drafting
     p_min: float = 0.0
     n_min: int = 0
+    cache_k: str = "f16"  # the target's KV cache types (the draft's below), llama.cpp's -ctk/-ctv
+    cache_v: str = "f16"
+    flash_attn: str = "auto"  # both models
+    ubatch: int = 512  # both models
+    cache_k_draft: str = "f16"
+    cache_v_draft: str = "f16"
 
     @property
     def gamma_label(self) -> str:
@@ -183,26 +211,47 @@ class Instance:
 
     @property
     def draft_label(self) -> str:
-        return self.drafting.label(self.draft)
+        kv = (self.cache_k_draft, self.cache_v_draft)
+        return self.drafting.label(self.draft, f"KV {kv[0]}/{kv[1]}" if kv != ("f16", "f16") else "")
 
     @property
     def baseline(self) -> bool:
         return self.draft == "none"
 
+    @property
+    def setup(self) -> str:
+        """The target's context settings where they are not the defaults, as the report names them ("" else)."""
+        parts = [f"KV {self.cache_k}/{self.cache_v}" if (self.cache_k, self.cache_v) != ("f16", "f16") else "",
+                 f"FA {self.flash_attn}" if self.flash_attn != "auto" else "",
+                 f"ubatch {self.ubatch}" if self.ubatch != 512 else ""]
+        return ", ".join(x for x in parts if x)
+
+    def engine_config(self, n_ctx: int):
+        from harness.engine import EngineConfig
+        return EngineConfig(n_ctx=n_ctx, n_gpu_layers=self.ngl, threads=self.threads, cache_k=self.cache_k,
+                            cache_v=self.cache_v, flash_attn=self.flash_attn, n_ubatch=self.ubatch)
+
+    def draft_engine_config(self, n_ctx: int):
+        from dataclasses import replace
+        return replace(self.engine_config(n_ctx), n_gpu_layers=self.ngl_draft, cache_k=self.cache_k_draft,
+                       cache_v=self.cache_v_draft)
+
     def plain(self) -> "Instance":
-        """The plain baseline of this configuration's target, policy, offload and threads."""
-        return Instance(self.target, "none", 0, self.policy, self.ngl, 0, self.threads)
+        """The plain baseline of this configuration's target, policy, offload, threads and context settings."""
+        return Instance(self.target, "none", 0, self.policy, self.ngl, 0, self.threads, cache_k=self.cache_k,
+                        cache_v=self.cache_v, flash_attn=self.flash_attn, ubatch=self.ubatch)
 
     @property
     def id(self) -> str:
         # fields at their defaults stay out of the hash: a run from before a field existed keeps its ids
-        d = {k: v for k, v in asdict(self).items() if k not in DRAFTING_DEFAULTS or v != DRAFTING_DEFAULTS[k]}
+        d = {k: v for k, v in asdict(self).items() if k not in LATER_DEFAULTS or v != LATER_DEFAULTS[k]}
         blob = json.dumps(d, sort_keys=True)
         tag = "base" if self.baseline else ("auto" if self.adaptive else f"g{self.gamma}")
         return f"{tag}-{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
 
 
-DRAFTING_DEFAULTS = {"verify": "leviathan", "p_min": 0.0, "n_min": 0}
+LATER_DEFAULTS = {"verify": "leviathan", "p_min": 0.0, "n_min": 0, "cache_k": "f16", "cache_v": "f16",
+                  "flash_attn": "auto", "ubatch": 512, "cache_k_draft": "f16", "cache_v_draft": "f16"}
 
 
 def _draftings(p: Params, draft: str, greedy: bool) -> list[tuple[str, float, int]]:
@@ -230,13 +279,24 @@ def expand(p: Params) -> list[Instance]:
               for g in p.gamma]
     policies = [Policy(t, k, tp, mp, p.seed) for t, k, tp, mp in itertools.product(p.temp, p.top_k, p.top_p, p.min_p)]
     policies = list(dict.fromkeys(Policy(0.0, 0, 1.0, 0.0, p.seed) if x.greedy else x for x in policies))
+    from harness.pair import parse_ngram
     out: list[Instance] = []
-    for target, ngl, threads, pol in itertools.product(p.target, p.ngl, p.threads, policies):
-        out.append(Instance(target, "none", 0, pol.as_dict(), ngl, 0, threads))
-        for draft, (g, auto), ngl_d in itertools.product(p.draft, gammas, p.ngl_draft):
-            if draft != "none":
-                out += [Instance(target, draft, g, pol.as_dict(), ngl, ngl_d, threads, auto, v, pm, nm)
-                        for v, pm, nm in _draftings(p, draft, pol.greedy)]
+    for target, ngl, threads, pol, ck, cv, fa, ub in itertools.product(
+            p.target, p.ngl, p.threads, policies, p.cache_type_k, p.cache_type_v, p.flash_attn, p.ubatch):
+        ctx = {"cache_k": ck, "cache_v": cv, "flash_attn": fa, "ubatch": ub}
+        base = Instance(target, "none", 0, pol.as_dict(), ngl, 0, threads, **ctx)
+        base.engine_config(p.n_ctx)  # refuses an unknown type or a quantized V cache without flash attention
+        out.append(base)
+        for draft, (g, auto), ngl_d, ckd, cvd in itertools.product(p.draft, gammas, p.ngl_draft, p.cache_type_k_draft,
+                                                                     p.cache_type_v_draft):
+            if draft == "none":
+                continue
+            if parse_ngram(draft) is not None:  # a lookup has no KV cache of its own
+                ckd, cvd = "f16", "f16"
+            for v, pm, nm in _draftings(p, draft, pol.greedy):
+                out.append(i := Instance(target, draft, g, pol.as_dict(), ngl, ngl_d, threads, auto, v, pm, nm,
+                                         cache_k_draft=ckd, cache_v_draft=cvd, **ctx))
+                i.draft_engine_config(p.n_ctx)
     out = list({i.id: i for i in out}.values())
     if not out:
         raise HarnessError("the sweep expands to no configuration")

@@ -45,6 +45,15 @@ def death(exitcode: int) -> str:
     return f"worker died with signal {-exitcode}" if exitcode < 0 else f"worker exited with code {exitcode}"
 
 
+def rss_bytes_now() -> int:
+    """This process's resident set size now, with llama.cpp's libraries loaded (its backend initialised)."""
+    import psutil
+
+    from harness.engine import llama
+    llama()
+    return psutil.Process().memory_info().rss
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set size: getrusage reports KiB on Linux, bytes on macOS."""
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -35,10 +35,11 @@ class Drafting:
         if self.n_min < 0:
             raise HarnessError(f"--draft-n-min must be >= 0, got {self.n_min}")
 
-    def label(self, draft: str) -> str:
-        """The draft with how it drafts where that is not the default, as the report's tables name it."""
+    def label(self, draft: str, also: str = "") -> str:
+        """The draft with how it drafts where that is not the default (and `also`: its cache types), as the
+        report's tables name it."""
         extra = [x for x in ("exact" if self.verify == "exact" else "", f"p-min {self.p_min:g}" if self.p_min else "",
-                             f"n-min {self.n_min}" if self.n_min else "") if x]
+                             f"n-min {self.n_min}" if self.n_min else "", also) if x]
         return draft + (f" ({', '.join(extra)})" if extra else "")
 
 

@@ -19,6 +19,7 @@ from harness.trace import append_record, read_records, repair
 
 DRIFT_DIR = "drift"
 PAIRED_DIR = "paired"
+FIDELITY_FILE = "fidelity.json"  # a sweep of several targets: each against the first (harness.fidelity)
 REPLAY_DIR = "replay"  # the replay of each baseline unit's outputs (bench.replay), with its own results.jsonl
 RUNS_DIR = "runs"  # under the reports directory
 

@@ -41,14 +41,14 @@ def render_marked(vocab, tokens: list[int], from_draft: str, color: bool) -> str
 
 
 def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamma: int, max_tokens: int,
-            cfg: EngineConfig, draft_ngl: int, baseline: bool, trace_path: Path | None,
+            cfg: EngineConfig, draft_cfg: EngineConfig, baseline: bool, trace_path: Path | None,
             drafting: Drafting = Drafting()) -> None:
     if draft and gamma < 1:
         raise HarnessError(f"--gamma must be >= 1, got {gamma}")
     if max_tokens < 1:
         raise HarnessError(f"--max-tokens must be >= 1, got {max_tokens}")
     trace = TraceWriter(trace_path, keep=True)  # an unwritable trace path is refused before any weights load
-    pair = open_pair(target, draft, cfg, draft_ngl, check_texts=[prompt], drafting=drafting)
+    pair = open_pair(target, draft, cfg, draft_cfg, check_texts=[prompt], drafting=drafting)
     try:
         text = prompt.render(pair.target.vocab)
         tokens = pair.target.vocab.tokenize(text)

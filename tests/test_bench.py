@@ -52,7 +52,7 @@ def test_smoke_report_structure(smoke_run):
     md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
     assert (smoke_run.parent.parent / "latest.md").read_text() == md
     for heading in ("### Models", "## Verdict per category", "## Machine noise", "## Per category", "### code",
-                    "### long_context", "## Draft quantization", "## Memory", "## Output equivalence (greedy)",
+                    "### long_context", "## Quantization", "## Memory", "## Output equivalence (greedy)",
                     "## How to read this"):
         assert heading in md
     assert md.index("## Verdict per category") < md.index("## Machine and run")  # the answer comes first

@@ -9,6 +9,7 @@ time, as in the loop), under sampling, alpha = sum min(p, q) at each position (f
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from harness.bench.worker import isolated_unit, record_attempt
@@ -23,7 +24,7 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
     import numpy as np
 
     from harness.calibrate import in_situ
-    from harness.engine import Engine, EngineConfig, teacher_forced
+    from harness.engine import Engine, teacher_forced
     from harness.pair import parse_ngram
     from harness.sampling import Policy, process
     from harness.trace import TraceWriter
@@ -36,7 +37,10 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
     plain_steps = [r for r in records if r.get("type") == "step"]
     overhead = sum(r["overhead_ms"] for r in plain_steps) / max(len(plain_steps), 1)
     policy = Policy(**base.policy)
-    cfg = EngineConfig(n_ctx=params.n_ctx, n_gpu_layers=base.ngl, threads=base.threads)
+    cfg = base.engine_config(params.n_ctx)
+    # the plan lets a replay have one draft offload and cache type, which every draft model gets
+    draft_cfg = replace(cfg, n_gpu_layers=params.ngl_draft[0], cache_k=params.cache_type_k_draft[0],
+                        cache_v=params.cache_type_v_draft[0])
     from harness.models.catalog import resolve
     models = [p for p in proposers if parse_ngram(p) is None]
     out_file = run_dir / REPLAY_DIR / "traces" / f"{unit}.jsonl"
@@ -47,7 +51,7 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
     try:
         target = engines["target"] = Engine(resolve(base.target).path, cfg)
         for m in models:
-            engines[m] = Engine(resolve(m).path, EngineConfig(cfg.n_ctx, cfg.n_batch, base.ngl_draft, cfg.threads))
+            engines[m] = Engine(resolve(m).path, draft_cfg)
         texts = []
         for pr in prompts:
             g = gens.get(pr.id)

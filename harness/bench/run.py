@@ -19,8 +19,8 @@ from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand
-from harness.rundir import (DRIFT_DIR, RUNS_DIR, finished, new_run_dir, noise_records, read_plan, record_noise,
-                            record_result, repair_results, unit_id, write_plan)
+from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUNS_DIR, finished, new_run_dir, noise_records, read_plan,
+                            record_noise, record_result, repair_results, unit_id, write_plan)
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
 
@@ -120,6 +120,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
             _until_confident(instances, skipped, pool, rounds, params, run_dir, plan)
         if not params.timed_subset:  # the timed subset is paired; its baselines ran on every prompt
             _closing_baselines(instances, skipped, first, params, run_dir)
+        _target_fidelity(params, first, run_dir)
     except KeyboardInterrupt:
         if params.until_confident:
             plan["until_confident"] = plan.get("until_confident", {}) | {"stopped": "interrupted"}
@@ -132,6 +133,24 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     click.echo(f"report: {md}", err=True)
     click.echo(f"estimated {est / 60:.1f} min, took {(time.monotonic() - started) / 60:.1f} min", err=True)
     return run_dir
+
+
+def _target_fidelity(params: Params, prompts: list, run_dir: Path) -> None:
+    """With several targets, how far each drifts from the first (`harness fidelity` on one prompt per category):
+    what the report's quantization table puts beside their speed. Nothing is timed here."""
+    from harness.bench.subset import first_prompts
+    from harness.fidelity import fidelity
+    out = run_dir / FIDELITY_FILE
+    if len(params.target) < 2 or out.exists():
+        return
+    click.echo(f"fidelity of {', '.join(params.target[1:])} against {params.target[0]}", err=True)
+    try:
+        rows = fidelity(params.target[0], params.target[1:], [p for ps in first_prompts(prompts, 1).values()
+                                                             for p in ps], params.max_tokens or 32, n_ctx=params.n_ctx)
+    except HarnessError as e:  # targets of different tokenizers have no fidelity to each other; the sweep stands
+        click.echo(f"no fidelity figures: {e}", err=True)
+        rows = []
+    out.write_text(json.dumps(rows, indent=1))
 
 
 def _estimate(todo: list[Unit], instances: list[Instance], skipped: dict, prompts: list, params: Params,

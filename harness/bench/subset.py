@@ -27,14 +27,14 @@ def choose(run_dir: Path, instances: list[Instance], prompts: list, n: int) -> d
     if pred is None or not len(pred):
         return {}
     firsts = {cat: [p.id for p in ps] for cat, ps in first_prompts(prompts, n).items()}
-    by_key = {(i.target, i.ngl, i.threads, Policy(**i.policy).label, i.draft_label, i.gamma): i.id
+    by_key = {(i.target, i.ngl, i.threads, i.setup, Policy(**i.policy).label, i.draft_label, i.gamma): i.id
               for i in instances if not i.baseline and not i.adaptive}
     chosen: dict[str, list[str]] = {}
-    for (target, ngl, threads, policy, cat, proposer), g in pred.filter(~pl.col("adaptive")).group_by(
-            ["target", "ngl", "threads", "policy", "category", "proposer"], maintain_order=True):
+    for (target, ngl, threads, setup, policy, cat, proposer), g in pred.filter(~pl.col("adaptive")).group_by(
+            ["target", "ngl", "threads", "setup", "policy", "category", "proposer"], maintain_order=True):
         best = int(g.sort("speedup", descending=True)["gamma"][0])
         for gamma in dict.fromkeys((best, 1)):
-            config = by_key.get((target, ngl, threads, policy, proposer, gamma))
+            config = by_key.get((target, ngl, threads, setup, policy, proposer, gamma))
             if config is not None:
                 chosen.setdefault(config, []).extend(firsts.get(cat, []))
     return chosen

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.procs import death, peak_rss_bytes, run_isolated
+from harness.procs import death, peak_rss_bytes, rss_bytes_now, run_isolated
 from harness.plan import Instance, Params
 from harness.rundir import PAIRED_DIR, finished, record_result, unit_id
 
@@ -18,7 +18,6 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     """Every prompt (times params.repeat) through one configuration. params.paired: each speculative
     generation also runs as plain decoding in this worker, alternating which goes first, into run_dir/paired: a
     reference taken seconds apart, so the machine's drift over a long sweep cancels out of the speedup."""
-    from harness.engine import EngineConfig
     from harness.loop import Request, check_fits, generate
     from harness.pair import open_pair
     from harness.sampling import Policy
@@ -27,8 +26,9 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     t0 = time.perf_counter()
     max_tokens, repeat, paired = params.max_tokens, params.repeat, params.paired
     unit = unit_id(inst.id, round_)
-    cfg = EngineConfig(n_ctx=params.n_ctx, n_gpu_layers=inst.ngl, threads=inst.threads)
-    pair = open_pair(inst.target, None if inst.baseline else inst.draft, cfg, inst.ngl_draft,
+    before_models = rss_bytes_now()  # Python, numpy, llama.cpp's libraries: the process before any weights
+    pair = open_pair(inst.target, None if inst.baseline else inst.draft, inst.engine_config(params.n_ctx),
+                     inst.draft_engine_config(params.n_ctx),
                      check_alignment=False, drafting=inst.drafting)  # the sweep checked every pair up front
     files = {"baseline" if inst.baseline else "speculative": run_dir / "traces" / f"{unit}.jsonl"}
     if paired and not inst.baseline:
@@ -80,7 +80,11 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
                 for tw in traces.values():
                     tw.close()
         kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
-        return {"status": "ok", "kv_bytes": kv, "target_bytes": pair.target.path.stat().st_size,
+        engines = {"target": pair.target, "draft": pair.draft_engine}
+        return {"status": "ok", "kv_bytes": kv, "rss_before_models": before_models,
+                "memory": [b | {"model": role} for role, e in engines.items() if e for b in e.memory],
+                "flash_attn": {role: e.flash_attn for role, e in engines.items() if e},
+                "target_bytes": pair.target.path.stat().st_size,
                 "draft_bytes": pair.draft_engine.path.stat().st_size if pair.draft_engine else 0,
                 "target_load_ms": pair.target.load_ms,
                 "draft_load_ms": pair.draft_engine.load_ms if pair.draft_engine else 0.0,

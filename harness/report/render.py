@@ -30,7 +30,7 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
     lines += _machine(plan, rel)
     if sweep is not None and len(sweep):
         lines += sections.noise(data, plan) + sections.drift(sweep) + sections.per_category(sweep) + \
-            sections.cost_model(data) + sections.quantization(sweep) + sections.memory(sweep) + \
+            sections.cost_model(data) + sections.quantization(sweep, data.get("fidelity")) + sections.memory(sweep) + \
             sections.equivalence(data.get("equivalence"), data["configs"]) + sections.plots(run_dir, md_dir)
     lines += _failures(data) + _how_to_read()
     return "\n".join(lines)
@@ -48,7 +48,7 @@ def _summary(plan: dict) -> str:
 def _verdicts(v: pl.DataFrame | None, plan: dict) -> list[str]:
     if v is None or not len(v):
         return []
-    vary = [k for k in ("target", "ngl", "threads") if v[k].n_unique() > 1]
+    vary = [k for k in ("target", "ngl", "threads", "setup") if v[k].n_unique() > 1]
     rows = []
     for r in v.iter_rows(named=True):
         star = "*" if r["adjusted"] else ""

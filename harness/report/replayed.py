@@ -9,7 +9,7 @@ from harness.analysis.verdict import INCONCLUSIVE, PLAIN, SPECULATE, Evidence, d
 from harness.report.verdicts import speculated
 from harness.report.fmt import ci, f, table
 
-GROUP = ["target", "ngl", "threads", "policy", "category"]
+GROUP = ["target", "ngl", "threads", "setup", "policy", "category"]
 SHOWN_GAMMAS = (1, 2, 4, 8)
 
 

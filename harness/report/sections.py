@@ -107,24 +107,78 @@ def plots(run_dir: Path, md_dir: Path) -> list[str]:
     return ["## Plots", ""] + [f"![{PLOTS[n]}]({(rel / n).as_posix()})\n" for n in made]
 
 
-def quantization(sweep: pl.DataFrame) -> list[str]:
+def quantization(sweep: pl.DataFrame, fidelity: pl.DataFrame | None = None) -> list[str]:
     spec = sweep.filter(pl.col("draft") != "none")
     if not len(spec):
         return []
-    q = spec.group_by(["draft", "policy"], maintain_order=True).agg(
+    targets = sweep["target"].n_unique() > 1
+    q = spec.group_by(["target", "draft", "policy"], maintain_order=True).agg(
         pl.col("draft_bytes").first(), pl.col("proposed").sum(), pl.col("accepted").sum(),
         pl.col("draft_ms").sum(), pl.col("alpha").mean(), pl.col("speedup").max().alias("best_speedup"))
-    rows = [[r["draft"], r["policy"], mib(r["draft_bytes"]) if r["draft_bytes"] else "0",
+    rows = [([r["target"]] if targets else []) + [
+             r["draft"], r["policy"], mib(r["draft_bytes"]) if r["draft_bytes"] else "0",
              f(r["proposed"] / r["draft_ms"] * 1000 if r["draft_ms"] else None, ".1f"), f(r["alpha"], ".3f"),
              f(r["accepted"] / r["proposed"] if r["proposed"] else None, ".1%"), f(r["best_speedup"]) + "x"]
             for r in q.iter_rows(named=True)]
-    return ["## Draft quantization", "",
-            "Per draft over every gamma and category. Draft tok/s = proposed tokens per second of drafting. "
-            "A requantized draft can never be better than its source.", "",
-            table(rows, ["draft", "policy", "bytes", "draft tok/s", "alpha", "acceptance", "best speedup"]), ""]
+    out = ["## Quantization", ""] + (_targets(sweep, fidelity) if targets else []) + [
+        "Per draft" + (" and target" if targets else "") + " over every gamma and category. Draft tok/s = proposed "
+        "tokens per second of drafting; best speedup = the best (category, gamma) row. A requantized draft can never "
+        "be better than its source.", "",
+        table(rows, (["target"] if targets else []) + ["draft", "policy", "bytes", "draft tok/s", "alpha",
+                                                       "acceptance", "best speedup"]), ""]
+    return out
+
+
+def _targets(sweep: pl.DataFrame, fidelity: pl.DataFrame | None) -> list[str]:
+    """One row per target: its size, plain speed and RAM, and how far it drifts from the first target."""
+    plain = sweep.filter(pl.col("draft") == "none")
+    t = plain.group_by(["target", "policy"], maintain_order=True).agg(
+        pl.col("target_bytes").first(), pl.col("tokens_per_s").mean(), pl.col("peak_rss_bytes").max())
+    fid = {} if fidelity is None or not len(fidelity) else {r["model"]: r for r in fidelity.iter_rows(named=True)}
+    rows = [[r["target"], r["policy"], mib(r["target_bytes"]), f(r["tokens_per_s"], ".1f"), mib(r["peak_rss_bytes"]),
+             f(fid.get(r["target"], {}).get("alpha_vs_reference"), ".4f"),
+             f(fid.get(r["target"], {}).get("top1_agreement"), ".4f")] for r in t.iter_rows(named=True)]
+    ref = next((r["model"] for r in fid.values() if r.get("alpha_vs_reference") == 1.0), None)
+    note = (f"alpha and top-1 against {ref} (`harness fidelity`: teacher-forced on its greedy output, T=1)"
+            if ref else "no fidelity figures (the run has none)")
+    return ["Per target: file size, plain decoding speed (mean over categories), the plain worker's peak RSS; "
+            f"{note}. A requantized target can never be better than its source.", "",
+            table(rows, ["target", "policy", "bytes", "plain tok/s", "peak RSS", "alpha", "top-1"]), ""]
 
 
 def memory(sweep: pl.DataFrame) -> list[str]:
+    if "host_model_bytes" not in sweep.columns or sweep["host_model_bytes"].is_null().all():
+        return _memory_before_breakdown(sweep)
+    keys = ["target", "setup", "draft_label", "ngl", "ngl_draft"]
+    m = sweep.group_by(keys, maintain_order=True).agg(
+        pl.col("cache_k", "cache_v", "ubatch", "host_model_bytes", "host_kv_bytes", "host_compute_bytes", "devices",
+               "device_model_bytes", "device_kv_bytes", "device_compute_bytes", "rss_before_models").first(),
+        pl.col("peak_rss_bytes").max()).sort(keys)
+    targets = m["target"].n_unique() > 1
+    host, dev = [], []
+    for r in m.iter_rows(named=True):
+        who = ([r["target"]] if targets else []) + [f"{r['cache_k']}/{r['cache_v']}", r["ubatch"], r["draft_label"]]
+        host.append(who + [mib(r["host_model_bytes"]), mib(r["host_kv_bytes"]), mib(r["host_compute_bytes"]),
+                           mib(r["peak_rss_bytes"]), mib(r["rss_before_models"])])
+        if r["devices"]:
+            dev.append(who + [r["devices"], mib(r["device_model_bytes"]), mib(r["device_kv_bytes"]),
+                              mib(r["device_compute_bytes"])])
+    cols = (["target"] if targets else []) + ["target KV", "ubatch", "draft"]
+    out = ["## Memory", "",
+           "What llama.cpp allocated for each configuration, target and draft together (its own log of its "
+           "buffers): weights, KV cache (at n_ctx, in the configuration's cache types) and compute buffers (the "
+           "largest graph, which holds ubatch x vocabulary logits, and the logits output); the worker's peak RSS; "
+           "and the harness's own share, the worker's RSS before any weights loaded (Python, numpy and the "
+           "libraries, llama.cpp's code included). Peak RSS counts only pages touched: weights are mapped from the "
+           "file and buffers are allocated for the largest batch, so it can lie below the sum of the buffers.", "",
+           "Host:", "", table(host, cols + ["weights", "KV", "compute", "peak RSS", "harness's own"]), ""]
+    if dev:
+        return out + ["Devices:", "", table(dev, cols + ["device", "weights", "KV", "compute"]), ""]
+    return out + ["Devices: no device (every buffer is on the host: a CPU build, or no layer offloaded).", ""]
+
+
+def _memory_before_breakdown(sweep: pl.DataFrame) -> list[str]:
+    """Runs from before llama.cpp's buffers were recorded: peak RSS, model files, KV at f16."""
     m = sweep.group_by("config", maintain_order=True).agg(
         pl.col("draft_label", "gamma_label", "policy", "peak_rss_bytes", "target_bytes", "draft_bytes", "kv_bytes")
         .first())

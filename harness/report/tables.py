@@ -2,6 +2,7 @@
 raw traces every time (what the Markdown, the exports and --check are made of)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -10,11 +11,11 @@ from harness.analysis import metrics, verdict
 from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
 from harness.report.costs import cost_model
 from harness.report.verdicts import noise_frame, verdicts
-from harness.rundir import (DRIFT_DIR, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records, ok_units,
-                            read_plan)
+from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records,
+                            ok_units, read_plan)
 from harness.sampling import Policy
 
-BASE_KEYS = ["target", "policy", "ngl", "threads", "category"]
+BASE_KEYS = ["target", "policy", "ngl", "threads", "setup", "category"]
 
 
 def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
@@ -23,15 +24,37 @@ def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
     for d in plan["instances"]:
         inst = Instance(**d)
         res = results.get(inst.id, {})
-        rows.append({"config": inst.id, "target": inst.target, "draft": inst.draft, "draft_label": inst.draft_label,
+        rows.append({"config": inst.id, "target": inst.target, "setup": inst.setup, "cache_k": inst.cache_k,
+                     "cache_v": inst.cache_v, "flash_attn": inst.flash_attn, "ubatch": inst.ubatch,
+                     "draft": inst.draft, "draft_label": inst.draft_label,
                      "verify": inst.verify, "p_min": inst.p_min, "n_min": inst.n_min, "gamma": inst.gamma,
                      "adaptive": inst.adaptive, "gamma_label": inst.gamma_label,
                      "policy": Policy(**inst.policy).label, "ngl": inst.ngl, "ngl_draft": inst.ngl_draft,
                      "threads": inst.threads, "status": res.get("status", "not run"),
                      "error": res.get("error", ""), "peak_rss_bytes": res.get("peak_rss_bytes"),
                      "kv_bytes": res.get("kv_bytes"), "target_bytes": res.get("target_bytes"),
-                     "draft_bytes": res.get("draft_bytes")})
+                     "draft_bytes": res.get("draft_bytes")} | memory_columns(res))
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def memory_columns(res: dict) -> dict:
+    """llama.cpp's buffers of a configuration's worker, both models summed, on the host and on devices: weights,
+    KV cache, compute (logits output included); the devices' names; what flash attention resolved to."""
+    from harness.engine import on_host
+    mem = res.get("memory")
+    out = {f"{where}_{kind}_bytes": None if mem is None else 0 for where in ("host", "device")
+           for kind in ("model", "kv", "compute")}
+    devices = set()
+    for b in mem or []:
+        where = "host" if on_host(b["buffer"]) else "device"
+        if where == "device":
+            devices.add(b["buffer"])
+        kind = {"output": "compute", "rs": "kv"}.get(b["kind"], b["kind"])
+        out[f"{where}_{kind}_bytes"] += b["bytes"]
+    fa = res.get("flash_attn") or {}
+    return out | {"rss_before_models": res.get("rss_before_models"),
+                  "devices": ", ".join(sorted(devices)) if mem is not None else None,
+                  "flash_attn_used": None if not fa else all(v for v in fa.values() if v is not None)}
 
 
 def _compact(df: pl.DataFrame, key_col: str, val_col: str, fmt: str) -> pl.DataFrame:
@@ -49,6 +72,8 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     steps, gens = metrics.frames(records)
     p_steps, p_gens = metrics.frames(load_records(run_dir / PAIRED_DIR, ok))  # each with its configuration's id
     out = {"configs": cfg, "units": units_frame(results)}
+    if (run_dir / FIDELITY_FILE).exists():  # the targets against the first one, when a run sweeps several
+        out["fidelity"] = pl.DataFrame(json.loads((run_dir / FIDELITY_FILE).read_text()), infer_schema_length=None)
     if not len(gens):
         return out
     keys = ["config", "category"]
@@ -133,7 +158,7 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
         *[pl.col(c).alias(f"timed_{c}") for c in ("config", "speedup", "speedup_lo", "speedup_hi",
                                                   "acceptance_rate", "mean_accepted_len", "prompts")])
     pred = pred.join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="left").join(
-        cfg.select(pl.col("config").alias("base"), "target", "ngl", "threads"), on="base", how="left")
+        cfg.select(pl.col("config").alias("base"), "target", "ngl", "threads", "setup"), on="base", how="left")
     out = {"replay": pred, "replay_costs": costs}
     # the replay again on the very prompts the timed runs used: what their measurements check, like for like
     is_spec = pl.col("mode") == "speculative"
@@ -181,7 +206,8 @@ def row_intervals(steps: pl.DataFrame, gens: pl.DataFrame, p_steps: pl.DataFrame
 
 
 def base_configs(cfg: pl.DataFrame) -> dict[str, str]:
-    """Speculative configuration -> the plain baseline configuration of its target, policy, offload, threads."""
+    """Speculative configuration -> the plain baseline configuration of its target, policy, offload, threads and
+    context settings."""
     base = {tuple(r[k] for k in BASE_KEYS[:-1]): r["config"] for r in cfg.filter(pl.col("draft") == "none")
             .iter_rows(named=True)}
     return {r["config"]: base.get(tuple(r[k] for k in BASE_KEYS[:-1])) for r in cfg.iter_rows(named=True)}
@@ -201,12 +227,12 @@ def closing_baselines(run_dir: Path, cfg: pl.DataFrame) -> pl.DataFrame | None:
 def equivalence(gens: pl.DataFrame, divergences: pl.DataFrame, cfg: pl.DataFrame) -> pl.DataFrame:
     """Greedy speculative outputs against the greedy baseline of the same target, offload and prompt; each
     divergence classified by the kernel check its worker recorded (harness.divergence)."""
-    g = gens.join(cfg.select("config", "target", "draft", "gamma", "policy", "ngl", "threads"), on="config")
+    g = gens.join(cfg.select("config", "target", "draft", "gamma", "policy", "ngl", "threads", "setup"), on="config")
     g = g.filter(pl.col("policy") == "greedy")
     base = g.filter(pl.col("draft") == "none")
     if not len(base):
         return pl.DataFrame()
-    bkey = ["target", "ngl", "threads", "prompt_id", "repeat"]
+    bkey = ["target", "ngl", "threads", "setup", "prompt_id", "repeat"]
     btok = {tuple(r[k] for k in bkey): r["tokens"] for r in base.iter_rows(named=True)}
     found = {(r["config"], r["prompt_id"], r["repeat"]): r for r in divergences.iter_rows(named=True)}
     rows = []

@@ -7,7 +7,7 @@ import polars as pl
 from harness.analysis.noise import unit_summary
 from harness.analysis.verdict import Evidence, decide
 
-GROUP = ["target", "policy", "ngl", "threads", "category"]
+GROUP = ["target", "policy", "ngl", "threads", "setup", "category"]
 # what a verdict line carries of the configuration it names
 CHOSEN = ("config", "draft", "draft_label", "gamma_label", "speedup", "prompts", "tokens_per_s", "acceptance_rate",
           "proposed", "adaptive", "draft_ms", "verify_ms", "overhead_ms", "verify_ms_per_call", "ref_tokens_per_ms",
@@ -78,4 +78,4 @@ def verdicts(sweep: pl.DataFrame, noise: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, infer_schema_length=None).with_columns(
         (pl.col("policy") != "greedy").alias("_sampled"),
         pl.col("category").replace_strict(order, default=len(order), return_dtype=pl.Int64).alias("_cat")).sort(
-        ["target", "ngl", "threads", "_sampled", "policy", "_cat", "category"]).drop("_sampled", "_cat")
+        ["target", "ngl", "threads", "setup", "_sampled", "policy", "_cat", "category"]).drop("_sampled", "_cat")
