@@ -9,6 +9,7 @@ from pathlib import Path
 from harness.engine import Engine, EngineConfig
 from harness.errors import HarnessError
 from harness.models.catalog import require_present, resolve
+from harness.sysinfo import collect, header
 
 CAL_DIR = Path("reports/calibration")
 # Tokens already in the cache while timing: a verify at a long prompt's end costs more than at a short one's,
@@ -56,7 +57,13 @@ def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, r
     return {"model": m.name, "path": str(m.path), "threads": cfg.resolved_threads(), "ngl": ngl,
             "contexts": list(CONTEXTS), "k": list(range(1, k_max + 1)), "ms_by_context": by_context,
             "ms_last_by_context": last_by_context, "ms": by_context[0], "reps": reps,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "sha256": _sha256(m),
+            "machine": header(collect())}  # portable: `harness predict` puts another machine's run beside it
+
+
+def _sha256(m) -> str:
+    from harness.models.store import read_sidecar
+    return read_sidecar(m.path).get("sha256") or m.sha256 or ""
 
 
 def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max: int,

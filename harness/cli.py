@@ -257,11 +257,15 @@ def report(run_dir, formats, check_only):
 @click.option("--ngl", type=int, default=0)
 @click.option("--k-max", type=int, default=16, show_default=True)
 @click.option("--reps", type=int, default=5, show_default=True)
-def calibrate(model, threads, ngl, k_max, reps):
+@click.option("--out", help="Directory to write the calibration to (default reports/calibration); the file names "
+                            "its machine, so it can travel to `harness predict` elsewhere.")
+def calibrate(model, threads, ngl, k_max, reps, out):
     """The llama_decode cost of k = 1..k-max tokens with all logits; stored for the cost model."""
+    from pathlib import Path
+
     from harness import calibrate as cal
     c = cal.calibrate(model, threads, ngl, k_max, reps)
-    path = cal.save(c)
+    path = cal.save(c, Path(out)) if out else cal.save(c)
     click.echo(tabulate(cal.table_rows(c), headers=cal.table_headers(c), tablefmt="github"))
     click.echo(f"{c['model']}, {c['threads']} threads, ngl {c['ngl']}: saved to {path}")
 
@@ -278,6 +282,29 @@ def fidelity(reference, others, categories, per_category, max_tokens, threads):
     on REFERENCE's greedy output, next to bytes, tokens/s and peak RSS."""
     from harness.fidelity import fidelity_command
     click.echo(fidelity_command(reference, list(others), categories, per_category, max_tokens, threads))
+
+
+@cli.command()
+@click.argument("run_dirs", nargs=-1, required=True)
+@click.option("--out", default="reports/compare", show_default=True, help="Where compare.md (and tables) go.")
+@click.option("--format", "formats", default="md", show_default=True, help="Comma list: md, csv, json, parquet.")
+def compare(run_dirs, out, formats):
+    """Runs from several machines side by side: each one's verdict per category and policy, with its interval,
+    after checking that they used the same models, prompts and policies."""
+    from harness.compare.runs import compare_command
+    click.echo(str(compare_command(list(run_dirs), out, tuple(x.strip() for x in formats.split(",") if x.strip()))))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--costs", "cal_paths", multiple=True, required=True,
+              help="A calibration file from the other machine (harness calibrate there), one per model; repeat.")
+@click.option("--against", type=click.Path(file_okay=False), help="A timed run on that machine, to check against.")
+@click.option("--out", default="reports/predict", show_default=True)
+def predict(run_dir, cal_paths, against, out):
+    """RUN_DIR's replayed acceptance with another machine's calibrated costs: that machine's predicted verdicts."""
+    from harness.compare.predict import predict_command
+    click.echo(str(predict_command(run_dir, list(cal_paths), against, out)))
 
 
 def main():

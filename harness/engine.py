@@ -49,13 +49,14 @@ def _take_log(llama_cpp, echo: bool) -> None:
 
 @contextmanager
 def captured_log():
-    """llama.cpp's log lines while the block runs (its memory breakdown is only logged)."""
+    """llama.cpp's log lines while the block runs (its memory breakdown is only logged). A nested block takes
+    its lines for itself."""
     global _capture
-    _capture = []
+    outer, _capture = _capture, []
     try:
         yield _capture
     finally:
-        _capture = None
+        _capture = outer
 
 
 # llama.cpp's lines "<buffer type> <what> buffer size = <x> MiB", logged while a model and a context are made
@@ -291,6 +292,8 @@ class Engine:
             cp.type_k, cp.type_v = int(cache_type(cfg.cache_k)), int(cache_type(cfg.cache_v))
             cp.flash_attn_type = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                                   "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}[cfg.flash_attn]
+            if cfg.flash_attn == "on" and cfg.n_gpu_layers > 0:
+                self._require_flash_attn(cp)
             self.ctx = ll.llama_init_from_model(self.model, cp)
         text = "".join(log)
         if not self.ctx:
@@ -308,6 +311,22 @@ class Engine:
         self.batch = ll.llama_batch_init(cfg.n_batch, 0, 1)
         self.load_ms = (time.perf_counter() - t0) * 1000
         self.n_past = 0
+
+    def _require_flash_attn(self, cp) -> None:
+        """llama.cpp runs "on" as asked even where the device lacks the kernel (the op then falls back to the
+        CPU); only "auto" checks. So a probe context under auto asks, and "on" is refused where it says no."""
+        ll = self._ll
+        auto = type(cp).from_buffer_copy(cp)
+        auto.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_AUTO
+        with captured_log() as log:
+            probe = ll.llama_init_from_model(self.model, auto)
+        if probe:
+            ll.llama_free(probe)
+        if _flash_attn_used("".join(log), "auto") is False:
+            ll.llama_model_free(self.model)
+            raise HarnessError(f"--flash-attn on: llama.cpp finds no flash attention on this backend for "
+                               f"{self.path.name} (its auto mode turns it off, and on would run it on the CPU): use "
+                               "--flash-attn auto or off")
 
     # -- decoding -------------------------------------------------------------------------------------------
     def decode(self, tokens: list[int], logits: str = "last") -> np.ndarray | None:

@@ -24,6 +24,14 @@ class Prompt:
     max_tokens: int = 96
     chat: bool = True
 
+    @property
+    def digest(self) -> str:
+        """A hash of what the prompt asks (messages or text, chat or raw): two runs compare on it."""
+        import hashlib
+        import json
+        blob = json.dumps([self.messages, self.text, self.chat], ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
     def render(self, vocab) -> str:
         """The exact text the models see: chat template applied when chat is true."""
         if self.chat and self.messages:

@@ -19,6 +19,8 @@ from harness.trace import append_record, read_records, repair
 
 DRIFT_DIR = "drift"
 PAIRED_DIR = "paired"
+# A run directory's layout version, in plan.json: 1 (no "schema" key) lacks the prompts' digests; 2 has them
+RUN_SCHEMA = 2
 FIDELITY_FILE = "fidelity.json"  # a sweep of several targets: each against the first (harness.fidelity)
 REPLAY_DIR = "replay"  # the replay of each baseline unit's outputs (bench.replay), with its own results.jsonl
 RUNS_DIR = "runs"  # under the reports directory

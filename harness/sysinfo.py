@@ -44,3 +44,12 @@ def collect() -> dict:
         "amx_extra_buffers_disabled": amx_guard(),
         "packages": {p: _ver(p) for p in ("llama-cpp-python", "numpy", "polars", "harness", "gguf")},
     }
+
+
+def header(system: dict) -> dict:
+    """What names a machine in a comparison, from what collect() recorded."""
+    pk = system.get("packages", {})
+    return {"cpu": system.get("cpu", "?"), "cores": system.get("cores_physical"),
+            "ram_gib": round(system["ram_bytes"] / 2**30) if system.get("ram_bytes") else None,
+            "backend": system.get("backend", "?"), "llama-cpp-python": pk.get("llama-cpp-python", "?"),
+            "harness": pk.get("harness", "?"), "host": system.get("host", "?"), "date": system.get("date", "?")}

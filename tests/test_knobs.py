@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from harness.engine import EngineConfig, cache_bytes, memory_breakdown, on_host
+from harness.engine import EngineConfig, _flash_attn_used, cache_bytes, captured_log, memory_breakdown, on_host
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, check, expand
 from tests.test_bench import harness, md_table, one_line_error
@@ -32,6 +32,23 @@ def test_memory_breakdown_reads_llamacpp_buffer_lines():
                    ("CUDA_Host", "compute"): 10 * 2**20}
     assert [on_host(b) for b in ("CPU", "CPU_Mapped", "CPU_REPACK", "CUDA_Host", "CUDA0", "Vulkan0", "Metal")] == \
         [True, True, True, True, False, False, False]
+
+
+def test_what_flash_attention_resolved_to_is_read_from_the_log():
+    assert _flash_attn_used("resolve_fused_ops: Flash Attention enabled\n", "auto") is True
+    assert _flash_attn_used("resolve_fused_ops: Flash Attention disabled\n", "auto") is False  # "on" is refused
+    assert _flash_attn_used("llama_context: flash_attn            = enabled\n", "auto") is True
+    assert _flash_attn_used("", "auto") is None and _flash_attn_used("", "off") is False
+
+
+def test_a_nested_log_capture_keeps_its_lines_to_itself():
+    import harness.engine as eng
+    with captured_log() as outer:
+        eng._capture.append("a")
+        with captured_log() as inner:  # the flash-attention probe's context: its buffers are not the engine's
+            eng._capture.append("b")
+        eng._capture.append("c")
+    assert outer == ["a", "c"] and inner == ["b"] and eng._capture is None
 
 
 def test_cache_bytes_follow_the_types():

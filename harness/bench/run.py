@@ -19,8 +19,8 @@ from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand
-from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUNS_DIR, finished, new_run_dir, noise_records, read_plan,
-                            record_noise, record_result, repair_results, unit_id, write_plan)
+from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, finished, new_run_dir, noise_records,
+                            read_plan, record_noise, record_result, repair_results, unit_id, write_plan)
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
 
@@ -60,8 +60,10 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     if not resume:
         run_dir = new_run_dir(out_root / RUNS_DIR)
         from harness import sysinfo
-        plan = {"command": command, "params": asdict(params), "instances": [asdict(i) for i in instances],
-                "prompt_ids": rounds[0], "rounds": rounds, "categories": sorted({p.category for p in first}),
+        plan = {"schema": RUN_SCHEMA, "command": command, "params": asdict(params),
+                "instances": [asdict(i) for i in instances], "prompt_ids": rounds[0],
+                "prompt_digests": {p.id: p.digest for p in pool}, "rounds": rounds,
+                "categories": sorted({p.category for p in first}),
                 "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time(),
                 "idle_check": idle, "models": models_info({i.target for i in instances} | {i.draft for i in instances})}
         write_plan(run_dir, plan)

@@ -53,12 +53,16 @@ def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> P
 
 
 def export(data: dict[str, pl.DataFrame], run_dir: Path, fmt: str) -> Path:
-    """metrics.FMT (a row per configuration x category, intervals included) and verdicts.FMT (a row per
-    category, policy and target) in the run directory."""
+    """metrics.FMT (a row per configuration x category, intervals included), verdicts.FMT (a row per
+    category, policy and target) and tidy.FMT (report.tidy: the versioned table to pool) in the run directory."""
+    from harness.report.tidy import tidy
     if fmt not in ("csv", "json", "parquet"):
         raise HarnessError(f"unknown report format '{fmt}' (md, csv, json, parquet)")
-    for name, key in (("metrics", "sweep"), ("verdicts", "verdicts")):
-        frame = data.get(key, pl.DataFrame())
+    sweep = data.get("sweep")
+    tables = {"metrics": sweep, "verdicts": data.get("verdicts"),
+              "tidy": tidy(sweep, read_plan(run_dir), run_dir.name) if sweep is not None and len(sweep) else None}
+    for name, frame in tables.items():
+        frame = pl.DataFrame() if frame is None else frame
         flat = frame.select([c for c in frame.columns if not isinstance(frame[c].dtype, pl.List)])
         path = run_dir / f"{name}.{fmt}"
         if fmt == "csv":

@@ -152,14 +152,16 @@ def memory(sweep: pl.DataFrame) -> list[str]:
     keys = ["target", "setup", "draft_label", "ngl", "ngl_draft"]
     m = sweep.group_by(keys, maintain_order=True).agg(
         pl.col("cache_k", "cache_v", "ubatch", "host_model_bytes", "host_kv_bytes", "host_compute_bytes", "devices",
-               "device_model_bytes", "device_kv_bytes", "device_compute_bytes", "rss_before_models").first(),
+               "device_model_bytes", "device_kv_bytes", "device_compute_bytes", "rss_before_models",
+               "draft", "target_weights", "draft_weights").first(),
         pl.col("peak_rss_bytes").max()).sort(keys)
     targets = m["target"].n_unique() > 1
-    host, dev = [], []
+    host, dev, buffers = [], [], set()
     for r in m.iter_rows(named=True):
         who = ([r["target"]] if targets else []) + [f"{r['cache_k']}/{r['cache_v']}", r["ubatch"], r["draft_label"]]
         host.append(who + [mib(r["host_model_bytes"]), mib(r["host_kv_bytes"]), mib(r["host_compute_bytes"]),
                            mib(r["peak_rss_bytes"]), mib(r["rss_before_models"])])
+        buffers |= {(r["target"], r["target_weights"]), (r["draft"], r["draft_weights"])}
         if r["devices"]:
             dev.append(who + [r["devices"], mib(r["device_model_bytes"]), mib(r["device_kv_bytes"]),
                               mib(r["device_compute_bytes"])])
@@ -171,7 +173,10 @@ def memory(sweep: pl.DataFrame) -> list[str]:
            "and the harness's own share, the worker's RSS before any weights loaded (Python, numpy and the "
            "libraries, llama.cpp's code included). Peak RSS counts only pages touched: weights are mapped from the "
            "file and buffers are allocated for the largest batch, so it can lie below the sum of the buffers.", "",
-           "Host:", "", table(host, cols + ["weights", "KV", "compute", "peak RSS", "harness's own"]), ""]
+           "Host:", "", table(host, cols + ["weights", "KV", "compute", "peak RSS", "harness's own"]), "",
+           "Weights per model file, by llama.cpp buffer (CPU_REPACK holds copies of weights rearranged for its CPU "
+           "kernels, beside the file's mapping):", "",
+           table(sorted([m, b] for m, b in buffers if b), ["model", "weights by buffer"]), ""]
     if dev:
         return out + ["Devices:", "", table(dev, cols + ["device", "weights", "KV", "compute"]), ""]
     return out + ["Devices: no device (every buffer is on the host: a CPU build, or no layer offloaded).", ""]

@@ -44,15 +44,22 @@ def memory_columns(res: dict) -> dict:
     mem = res.get("memory")
     out = {f"{where}_{kind}_bytes": None if mem is None else 0 for where in ("host", "device")
            for kind in ("model", "kv", "compute")}
-    devices = set()
+    devices, weights = set(), {}
     for b in mem or []:
         where = "host" if on_host(b["buffer"]) else "device"
         if where == "device":
             devices.add(b["buffer"])
         kind = {"output": "compute", "rs": "kv"}.get(b["kind"], b["kind"])
         out[f"{where}_{kind}_bytes"] += b["bytes"]
+        if kind == "model":
+            w = weights.setdefault(b.get("model", "target"), {})
+            w[b["buffer"]] = w.get(b["buffer"], 0) + b["bytes"]
     fa = res.get("flash_attn") or {}
-    return out | {"rss_before_models": res.get("rss_before_models"),
+    # weights by buffer type: mapped from the file, and copies llama.cpp repacks for its CPU kernels (CPU_REPACK)
+    by_buffer = {f"{role}_weights": " + ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sorted(weights.get(role, {})
+                                                                                               .items())) or None
+                 for role in ("target", "draft")}
+    return out | by_buffer | {"rss_before_models": res.get("rss_before_models"),
                   "devices": ", ".join(sorted(devices)) if mem is not None else None,
                   "flash_attn_used": None if not fa else all(v for v in fa.values() if v is not None)}
 

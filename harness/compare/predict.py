@@ -1,0 +1,171 @@
+"""A machine's verdicts from its calibration alone (`harness predict RUN_DIR --costs CAL...`): acceptance depends on
+the models, prompts and policy, which a run's replay measured from every prompt; cost depends on the machine, which
+`harness calibrate` measures there in minutes. The replay's own costs are swapped for the calibrated ones and the
+predictions recomputed; with --against, a timed run on that machine is put beside them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from harness.errors import HarnessError
+from harness.report.fmt import ci, table
+from harness.rundir import REPLAY_DIR, load_records, ok_units, read_plan
+
+KEY = ["category", "policy", "proposer", "gamma"]
+
+
+def load_calibrations(paths: list[str]) -> tuple[dict[str, dict], dict]:
+    """{model name: calibration} and the machine they were taken on; all from one machine and thread count."""
+    cals, machine = {}, None
+    for p in paths:
+        try:
+            c = json.loads(Path(p).read_text())
+        except (OSError, ValueError) as e:
+            raise HarnessError(f"--costs {p}: cannot read a calibration ({e})") from None
+        if "machine" not in c or "ms_last_by_context" not in c:
+            raise HarnessError(f"--costs {p}: a calibration from before they carried their machine: run "
+                               f"`harness calibrate {c.get('model', 'MODEL')}` again on that machine")
+        here = c["machine"] | {"threads": c["threads"], "ngl": c["ngl"]}
+        if machine is not None and {k: here[k] for k in ("cpu", "host", "threads", "ngl")} != \
+                {k: machine[k] for k in ("cpu", "host", "threads", "ngl")}:
+            raise HarnessError(f"--costs {p}: taken on {here['host']} ({here['threads']} threads, ngl {here['ngl']}), "
+                               f"the others on {machine['host']} ({machine['threads']} threads, ngl {machine['ngl']}): "
+                               "give one machine's calibrations")
+        machine = here
+        cals[c["model"]] = c
+    if not cals:
+        raise HarnessError("give the other machine's calibrations with --costs FILE (one per model)")
+    return cals, machine
+
+
+def _require_match(plan: dict, cals: dict[str, dict], run: str) -> None:
+    from harness.pair import parse_ngram
+    used = {i["target"] for i in plan["instances"]} | {i["draft"] for i in plan["instances"]}
+    models = {m for m in used if m != "none" and parse_ngram(m) is None}
+    for name in cals:
+        if name not in models:
+            raise HarnessError(f"--costs: a calibration of {name}, which {run} did not use (it used "
+                               f"{', '.join(sorted(models))})")
+        want = plan["models"].get(name, {}).get("sha256", "")
+        if want and cals[name].get("sha256") and cals[name]["sha256"] != want:
+            raise HarnessError(f"--costs: the calibration of {name} is of another file (sha256 "
+                               f"{cals[name]['sha256'][:12]}, the run's {want[:12]})")
+    missing = sorted(models - set(cals))
+    if missing:
+        raise HarnessError(f"--costs: no calibration of {', '.join(missing)}: run `harness calibrate {missing[0]}` "
+                           "on that machine and give its file")
+
+
+def swapped_costs(records: list[dict], cals: dict[str, dict], targets: dict[str, str], gamma_max: int) -> list[dict]:
+    """The replay records with each costs record's decode costs replaced by the calibrated ones (the loop's
+    per-step overhead and an n-gram lookup's time stay the run's: the harness's own Python, not llama.cpp)."""
+    k = gamma_max + 1
+    out = []
+    for r in records:
+        if r.get("type") != "costs":
+            out.append(r)
+            continue
+        t = cals[targets[r["config"]]]
+        d = cals.get(r["proposer"])
+        if len(t["k"]) < k or (d and len(d["k"]) < k):
+            raise HarnessError(f"--costs: the calibrations reach k = {len(t['k'])}; the replay needs {k}: calibrate "
+                               f"with --k-max {k}")
+        out.append(r | {"contexts": t["contexts"], "target_ms_by_context": [row[:k] for row in t["ms_by_context"]],
+                        "draft_ms_by_context": [row[:k] for row in d["ms_last_by_context"]] if d
+                        else r["draft_ms_by_context"]})
+    return out
+
+
+def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) -> tuple[pl.DataFrame, dict]:
+    """Predicted verdicts for the calibrated machine (and, with against, the timed speedups measured there)."""
+    from harness.analysis.predict import predictions
+    from harness.plan import Instance
+    plan = read_plan(run_dir)
+    units = ok_units(run_dir / REPLAY_DIR) if (run_dir / REPLAY_DIR).is_dir() else set()
+    if not units:
+        raise HarnessError(f"{run_dir} has no replay: predictions for another machine need acceptance replayed from "
+                           "every prompt (harness bench --replay)")
+    cals, machine = load_calibrations(cal_paths)
+    _require_match(plan, cals, run_dir.name)
+    insts = {i.id: i for i in (Instance(**d) for d in plan["instances"])}
+    gamma_max = plan["params"].get("replay_gamma", 8)
+    records = swapped_costs(load_records(run_dir / REPLAY_DIR, units), cals,
+                            {c: i.target for c, i in insts.items()}, gamma_max)
+    rows = predictions(records, {}, gamma_max)  # plain decoding costs what the calibration's k = 1 costs
+    pred = pl.DataFrame(rows, infer_schema_length=None).with_columns(
+        pl.col("config").replace_strict({c: i.target for c, i in insts.items()}, default=None).alias("target"),
+        pl.col("config").replace_strict({c: i.setup for c, i in insts.items()}, default="").alias("setup"),
+        pl.col("config").replace_strict({c: i.ngl for c, i in insts.items()}, default=0).alias("ngl"),
+        pl.lit(machine["threads"]).alias("threads"))
+    timed = _timed(against, machine) if against else None
+    if timed is not None:
+        pred = pred.join(timed, on=KEY + ["adaptive"], how="left")
+    else:
+        pred = pred.with_columns(*[pl.lit(None, pl.Float64).alias(f"timed_speedup{s}") for s in ("", "_lo", "_hi")])
+    return pred, machine
+
+
+def _timed(against: Path, machine: dict) -> pl.DataFrame:
+    """The timed rows of a run on the calibrated machine, keyed like the predictions."""
+    from harness.report.tables import compute
+    plan = read_plan(against)
+    if plan.get("system", {}).get("host") != machine["host"]:
+        raise HarnessError(f"--against {against.name}: run on {plan.get('system', {}).get('host')}, the calibrations "
+                           f"on {machine['host']}: time the run on the calibrated machine")
+    sweep = compute(against).get("sweep")
+    if sweep is None or not len(sweep):
+        raise HarnessError(f"--against {against.name}: no configuration finished there")
+    threads = {t or plan["system"].get("cores_physical") for t in sweep["threads"].unique()}
+    if threads != {machine["threads"]}:
+        raise HarnessError(f"--against {against.name}: timed at {', '.join(map(str, sorted(threads)))} threads, the "
+                           f"calibrations at {machine['threads']}: time and calibrate alike")
+    return sweep.filter(pl.col("draft") != "none").select(
+        "category", "policy", pl.col("draft_label").alias("proposer"), "gamma", "adaptive",
+        pl.col("speedup").alias("timed_speedup"), pl.col("speedup_lo").alias("timed_speedup_lo"),
+        pl.col("speedup_hi").alias("timed_speedup_hi"), pl.col("threads").alias("timed_threads"))
+
+
+def render(run: str, pred: pl.DataFrame, verdicts: pl.DataFrame, machine: dict, against: str | None) -> str:
+    from harness.report.replayed import confirmation
+    vrows = [[v["category"], v["policy"], f"{v['proposer']} g={v['gamma']}",
+              ci(v["speedup"], v["lo"], v["hi"], unit="x") + ("*" if v["adjusted"] else ""), v["verdict"],
+              v["prompts"]] + ([confirmation(v)] if against else []) for v in verdicts.iter_rows(named=True)]
+    out = [f"# Predicted for {machine['host']} ({machine['cpu']}, {machine['threads']} threads, ngl {machine['ngl']})",
+           "", f"Acceptance replayed in {run} (every prompt; the models, prompts and policies of that run), decode "
+           f"costs calibrated on this machine by `harness calibrate` ({machine['date']}, llama-cpp-python "
+           f"{machine['llama-cpp-python']}); the loop's own per-step overhead is the run's. Verdicts as in a report "
+           "(95%, widened for the best of all proposers and gammas).", "",
+           table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts"]
+                 + (["timed there"] if against else [])), ""]
+    if against:
+        both = pred.filter(pl.col("timed_speedup").is_not_null() & ~pl.col("adaptive"))
+        rows = [[r["category"], r["policy"], r["proposer"], r["gamma"],
+                 ci(r["speedup"], r["speedup_lo"], r["speedup_hi"], unit="x"),
+                 ci(r["timed_speedup"], r["timed_speedup_lo"], r["timed_speedup_hi"], unit="x"),
+                 f"{r['speedup'] / r['timed_speedup'] - 1:+.0%}"] for r in both.sort(KEY).iter_rows(named=True)]
+        close = sum(abs(r["speedup"] / r["timed_speedup"] - 1) <= 0.10 for r in both.iter_rows(named=True))
+        meet = sum(r["speedup_lo"] <= r["timed_speedup_hi"] and r["timed_speedup_lo"] <= r["speedup_hi"]
+                   for r in both.iter_rows(named=True) if r["timed_speedup_lo"] is not None)
+        out += [f"## Predicted against timed ({against})", "",
+                f"{close} of {len(both)} rows within 10%; the intervals meet in {meet}.", "",
+                table(rows, ["category", "policy", "proposer", "gamma", "predicted", "timed", "error"]), ""]
+    return "\n".join(out)
+
+
+def predict_command(run_dir: str, cal_paths: list[str], against: str | None, out: str) -> Path:
+    from harness.report.replayed import predicted_verdicts
+    rd = Path(run_dir)
+    if not rd.is_dir():
+        raise HarnessError(f"{run_dir}: no such run directory")
+    if against and not Path(against).is_dir():
+        raise HarnessError(f"--against {against}: no such run directory")
+    pred, machine = predict(rd, cal_paths, Path(against) if against else None)
+    verdicts = predicted_verdicts(pred).sort(pl.col("policy") != "greedy", "policy", maintain_order=True)
+    dest = Path(out)
+    dest.mkdir(parents=True, exist_ok=True)
+    md = dest / f"predict-{rd.name}-{machine['host']}-t{machine['threads']}.md"
+    md.write_text(render(rd.name, pred, verdicts, machine, Path(against).name if against else None))
+    pred.drop([c for c in pred.columns if isinstance(pred[c].dtype, pl.List)]).write_csv(md.with_suffix(".csv"))
+    return md

@@ -1,0 +1,213 @@
+"""Many machines, one comparison (`harness compare RUN_DIR...`): each run's verdicts recomputed from its own traces,
+side by side per category and policy, with a header per machine. Runs are put in one table only when they measured
+the same thing: the same model files (sha256), the same prompts (ids, and contents where the runs recorded them)
+and the same sampling policies; otherwise the command says what differs and stops."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from harness.errors import HarnessError
+from harness.report.fmt import ci, table
+from harness.rundir import read_plan
+
+KEY = ["target", "setup", "policy", "category"]
+
+
+@dataclass
+class Run:
+    path: Path
+    plan: dict
+    verdicts: pl.DataFrame | None = None  # one row per (target, setup, offload, threads, policy, category)
+    source: str = ""  # "replayed" (predicted from every prompt) or "timed"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def machine(self) -> dict:
+        from harness.sysinfo import header
+        return {"run": self.name} | header(self.plan.get("system", {})) | {"verdicts": self.source,
+                                                                          "schema": self.plan.get("schema", 1)}
+
+
+def open_run(path: Path) -> Run:
+    """A run directory's plan: what it measured, checked against the others before anything is computed."""
+    if not path.is_dir():
+        raise HarnessError(f"{path}: no such run directory")
+    plan = read_plan(path)
+    if "instances" not in plan or "models" not in plan:
+        raise HarnessError(f"{path}: plan.json lacks {'instances' if 'instances' not in plan else 'models'} "
+                           "(not a run this harness can compare)")
+    return Run(path, plan)
+
+
+def load_verdicts(run: Run) -> None:
+    """Its verdicts recomputed from its traces: the replay's where the run has one (they rest on every prompt),
+    else the timed ones."""
+    from harness.report.tables import compute
+    data = compute(run.path)
+    replayed = data.get("replay_verdicts")
+    if replayed is not None and len(replayed):
+        run.verdicts = replayed.with_columns(pl.format("{} g={}", "proposer", "gamma").alias("best"))
+        run.source = "replayed"
+        return
+    v = data.get("verdicts")
+    if v is None or not len(v):
+        raise HarnessError(f"{run.path}: no verdict to compare (no speculative configuration finished)")
+    run.verdicts = v.with_columns(pl.format("{} g={}", "draft_label", "gamma_label").alias("best"))
+    run.source = "timed"
+
+
+def _models(run: Run) -> dict[str, str]:
+    used = {i["target"] for i in run.plan["instances"]} | {i["draft"] for i in run.plan["instances"]}
+    return {n: m.get("sha256", "") for n, m in run.plan["models"].items() if n in used}
+
+
+def _policies(run: Run) -> set[str]:
+    from harness.sampling import Policy
+    return {Policy(**i["policy"]).label for i in run.plan["instances"]}
+
+
+def _prompts(run: Run) -> dict[str, str | None]:
+    ids = [i for r in run.plan.get("rounds") or [run.plan.get("prompt_ids", [])] for i in r]
+    digests = run.plan.get("prompt_digests", {})
+    return {i: digests.get(i) for i in ids}
+
+
+def require_comparable(runs: list[Run]) -> list[str]:
+    """Refuse runs that measured different things (one line naming the first difference); notes on what could
+    not be checked."""
+    if len(runs) < 2:
+        raise HarnessError("compare needs at least two run directories")
+    first, notes = runs[0], []
+    for r in runs[1:]:
+        a, b = _models(first), _models(r)
+        for name in sorted(a.keys() | b.keys()):
+            if name not in a or name not in b:
+                has, lacks = (first, r) if name in a else (r, first)
+                raise HarnessError(f"the runs differ in their models: {has.name} used {name}, {lacks.name} did not; "
+                                   "compare runs of the same sweep")
+            if a[name] != b[name]:
+                raise HarnessError(f"the runs differ in their models: {name} has sha256 {a[name][:12]} in {first.name} "
+                                   f"and {b[name][:12]} in {r.name} (a different file under the same name)")
+        if _policies(first) != _policies(r):
+            raise HarnessError(f"the runs differ in their sampling policies: {', '.join(sorted(_policies(first)))} in "
+                               f"{first.name}, {', '.join(sorted(_policies(r)))} in {r.name}")
+        pa, pb = _prompts(first), _prompts(r)
+        if set(pa) != set(pb):
+            only = sorted(set(pa) ^ set(pb))
+            raise HarnessError(f"the runs differ in their prompts: {', '.join(only[:3])}"
+                               f"{' ...' if len(only) > 3 else ''} in one of {first.name} and {r.name} only")
+        changed = [i for i in pa if pa[i] and pb[i] and pa[i] != pb[i]]
+        if changed:
+            raise HarnessError(f"the runs differ in their prompts: {', '.join(changed[:3])} has other contents in "
+                               f"{first.name} and {r.name}")
+        if any(pa[i] is None or pb[i] is None for i in pa):
+            notes.append(f"{first.name} or {r.name} predates prompt digests (schema 1): their prompts are compared "
+                         "by id only")
+    return notes
+
+
+def frame(runs: list[Run]) -> pl.DataFrame:
+    """The verdict rows of every run, tagged with their machine (run name)."""
+    cols = KEY + ["ngl", "threads", "verdict", "best", "speedup", "lo", "hi", "adjusted", "prompts"]
+    return pl.concat([r.verdicts.select(cols).with_columns(pl.lit(r.name).alias("run")) for r in runs],
+                     how="vertical_relaxed")
+
+
+def _cell(rows: list[dict]) -> str:
+    """A machine's verdict for one (target, setup, policy, category): several lines where it ran several offload
+    or thread settings."""
+    out = []
+    for r in rows:
+        where = f"ngl {r['ngl']}, {r['threads'] or 'all'} thr: " if len(rows) > 1 else ""
+        out.append(f"{where}{r['verdict']}: {r['best']} {ci(r['speedup'], r['lo'], r['hi'], unit='x')}"
+                   + ("*" if r["adjusted"] else ""))
+    return "<br>".join(out) or "not run"
+
+
+def render(runs: list[Run], f: pl.DataFrame, notes: list[str], plot: str | None) -> str:
+    head = [[chr(65 + i), m["run"], m["cpu"], m["cores"], m["ram_gib"], m["backend"], m["llama-cpp-python"],
+             m["harness"], m["verdicts"]] for i, m in enumerate(r.machine() for r in runs)]
+    rows = []
+    for key, g in f.group_by(KEY, maintain_order=True):
+        by = {r.name: [x for x in g.iter_rows(named=True) if x["run"] == r.name] for r in runs}
+        rows.append([k for k, c in zip(key, KEY) if c != "setup"] + ([key[1] or "default"] if f["setup"].n_unique() > 1
+                                                                     else []) + [_cell(by[r.name]) for r in runs])
+    cols = [c for c in KEY if c != "setup"] + (["setup"] if f["setup"].n_unique() > 1 else [])
+    lines = ["# Speculative decoding across machines", "",
+             "Each machine's verdict per category and policy, recomputed from its run's traces: *speculate*, "
+             "*plain decoding* or *inconclusive* at 95%, the best configuration (draft, gamma) and its speedup "
+             "against plain decoding on that machine [95% interval]; * = widened for having picked the best of "
+             "several. A replayed run's verdicts rest on every prompt (acceptance replayed, costs measured there); "
+             "a timed run's on the prompts it timed.", ""]
+    if plot:
+        lines += [f"![speedup per machine]({plot})", ""]
+    lines += [table(rows, cols + [f"{chr(65 + i)}" for i in range(len(runs))]), "", "## Machines", "",
+              table(head, ["", "run", "CPU", "cores", "RAM GiB", "backend", "llama-cpp-python", "harness",
+                           "verdicts"]), "",
+              "The runs used the same model files (sha256), prompts and sampling policies; "
+              "that is checked before anything is put side by side.", ""]
+    return "\n".join(lines + [f"Note: {n}." for n in notes] + [""])
+
+
+def speedup_plot(runs: list[Run], f: pl.DataFrame, out: Path) -> Path | None:
+    from harness import plots
+    if not plots.available():
+        return None
+    plt = plots._plt()
+    groups = f.select(KEY).unique(maintain_order=True).rows()
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.5 * len(groups) * len(runs)), 3.8))
+    width = 0.8 / len(runs)
+    for j, r in enumerate(runs):
+        xs, ys, err = [], [], [[], []]
+        for i, key in enumerate(groups):
+            x = f.filter((pl.col("run") == r.name) & pl.all_horizontal([pl.col(c) == v for c, v in zip(KEY, key)]))
+            if not len(x) or x["speedup"][0] is None:
+                continue
+            s, lo, hi = x["speedup"][0], x["lo"][0], x["hi"][0]
+            xs.append(i + (j - (len(runs) - 1) / 2) * width)
+            ys.append(s)
+            err[0].append(s - lo if lo is not None else 0)
+            err[1].append(hi - s if hi is not None else 0)
+        ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=f"{chr(65 + j)}: {r.name}")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xticks(range(len(groups)), [f"{k[3]}\n{k[2]}" for k in groups], fontsize=6, rotation=90)
+    ax.set_ylabel("best speedup vs plain [95% CI]")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = out / "compare.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def compare_command(run_dirs: list[str], out: str, formats: tuple[str, ...]) -> Path:
+    """Write out/compare.md (and compare.<fmt> tables); return the Markdown file's path."""
+    bad = [x for x in formats if x not in ("md", "csv", "json", "parquet")]
+    if bad:
+        raise HarnessError(f"unknown format '{bad[0]}' (md, csv, json, parquet)")
+    runs = [open_run(Path(d)) for d in run_dirs]
+    notes = require_comparable(runs)
+    for r in runs:
+        load_verdicts(r)
+    f = frame(runs)
+    dest = Path(out)
+    dest.mkdir(parents=True, exist_ok=True)
+    plot = speedup_plot(runs, f, dest)
+    md = dest / "compare.md"
+    md.write_text(render(runs, f, notes, plot.name if plot else None))
+    machines = [r.machine() for r in runs]
+    for fmt in formats:
+        if fmt == "csv":
+            f.write_csv(dest / "compare.csv")
+        elif fmt == "parquet":
+            f.write_parquet(dest / "compare.parquet")
+        elif fmt == "json":
+            (dest / "compare.json").write_text(json.dumps({"machines": machines, "verdicts": f.to_dicts()}, indent=1,
+                                                          default=str))
+    return md

@@ -1,0 +1,99 @@
+"""`harness compare`: two runs of one sweep (SmolLM2 at one thread and at two, standing in for two machines) side
+by side, and every way runs can differ refused in one line."""
+import json
+import shutil
+
+import pytest
+
+from tests.test_bench import harness, md_table, one_line_error
+
+T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
+SWEEP = ("--target", T, "--draft", D, "--gamma", "2", "--temp", "0,0.8", "--top-p", "0.9", "--categories",
+         "code,creative", "--per-category", "2", "--max-tokens", "12", "--paired")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, smol, smol_q2k):
+    out = tmp_path_factory.mktemp("machines")
+    runs = []
+    for threads in ("1", "2"):
+        r = harness("bench", *SWEEP, "--threads", threads, "--out", str(out / f"t{threads}"))
+        assert r.returncode == 0, r.stderr
+        runs.append(next(d for d in (out / f"t{threads}" / "runs").iterdir() if not d.is_symlink()))
+    return runs
+
+
+def test_compare_puts_each_machines_verdict_side_by_side(two_runs, tmp_path):
+    r = harness("compare", *map(str, two_runs), "--out", str(tmp_path), "--format", "md,csv,json")
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "compare.md").read_text()
+    rows = md_table(md, "# Speculative decoding across machines")
+    assert {(x["category"], x["policy"]) for x in rows} == {(c, p) for c in ("code", "creative")
+                                                           for p in ("greedy", "T=0.8 top_p=0.9")}
+    for x in rows:
+        for m in ("A", "B"):
+            assert x[m].startswith(("speculate:", "plain decoding:", "inconclusive:", "unreliable (busy machine):"))
+            assert f"{D} g=2" in x[m] and "[" in x[m]
+    machines = md_table(md, "## Machines")
+    assert [m["run"] for m in machines] == [p.name for p in two_runs]
+    assert all(m["verdicts"] == "timed" and m["cores"] for m in machines)
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert len(data["machines"]) == 2 and len(data["verdicts"]) == 8
+    # each machine's figures are its own run's, recomputed from its traces
+    for run in two_runs:
+        harness("report", str(run), "--format", "json")
+        own = {(v["category"], v["policy"]): v["speedup"] for v in json.loads((run / "verdicts.json").read_text())}
+        got = {(v["category"], v["policy"]): v["speedup"] for v in data["verdicts"] if v["run"] == run.name}
+        assert got == pytest.approx(own)
+        tidy = json.loads((run / "tidy.json").read_text())  # the table to pool: one row per configuration x category
+        assert {x["schema_version"] for x in tidy} == {1} and {x["run"] for x in tidy} == {run.name}
+        sha = json.loads((run / "plan.json").read_text())["models"][T]["sha256"]
+        assert {x["target_sha256"] for x in tidy} == {sha}
+        assert len(tidy) == 2 * 2 * 2 and all(x["speedup_lo"] <= x["speedup"] <= x["speedup_hi"] for x in tidy
+                                              if x["draft"] != "none")
+    assert (tmp_path / "compare.csv").exists() and "compare.png" in md
+
+
+def _copy(run, tmp_path, name):
+    dest = tmp_path / name
+    shutil.copytree(run, dest)
+    return dest
+
+
+def _edit_plan(run, change):
+    plan = json.loads((run / "plan.json").read_text())
+    change(plan)
+    (run / "plan.json").write_text(json.dumps(plan))
+
+
+def test_runs_that_measured_different_things_are_refused(two_runs, tmp_path):
+    a, b = two_runs
+    one_line_error(harness("compare", str(a), "--out", str(tmp_path)), "at least two")
+    one_line_error(harness("compare", str(a), str(tmp_path / "nope"), "--out", str(tmp_path)), "no such run")
+    one_line_error(harness("compare", str(a), str(b), "--format", "xls", "--out", str(tmp_path)), "format 'xls'")
+
+    c = _copy(b, tmp_path, "sha")
+    _edit_plan(c, lambda p: p["models"][D].update(sha256="0" * 64))
+    one_line_error(harness("compare", str(a), str(c), "--out", str(tmp_path)), "models", D, "sha256")
+
+    c = _copy(b, tmp_path, "prompt")
+    _edit_plan(c, lambda p: p["prompt_digests"].update({p["prompt_ids"][0]: "f" * 16}))
+    one_line_error(harness("compare", str(a), str(c), "--out", str(tmp_path)), "prompts", "other contents")
+
+    c = _copy(b, tmp_path, "ids")
+    _edit_plan(c, lambda p: p.update(prompt_ids=p["prompt_ids"][1:], rounds=[p["prompt_ids"][1:]]))
+    one_line_error(harness("compare", str(a), str(c), "--out", str(tmp_path)), "prompts", "only")
+
+    c = _copy(b, tmp_path, "policy")
+    _edit_plan(c, lambda p: [i["policy"].update(temperature=0.9) for i in p["instances"]
+                             if i["policy"]["temperature"] > 0])
+    one_line_error(harness("compare", str(a), str(c), "--out", str(tmp_path)), "sampling policies", "T=0.9")
+
+
+def test_a_run_from_before_prompt_digests_is_compared_by_id_and_says_so(two_runs, tmp_path):
+    a, b = two_runs
+    c = _copy(b, tmp_path, "old")
+    _edit_plan(c, lambda p: [p.pop("prompt_digests"), p.pop("schema")])
+    r = harness("compare", str(a), str(c), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert "predates prompt digests (schema 1)" in (tmp_path / "out" / "compare.md").read_text()

@@ -1,0 +1,93 @@
+"""`harness predict`: a run's replayed acceptance with another machine's calibrated costs. On one box, threads 1
+stands in for the other machine: acceptance replayed at 2 threads, costs calibrated at 1, a timed run at 1 to check
+against; and every mismatched input refused in one line."""
+import json
+
+import pytest
+
+from tests.test_bench import harness, md_table, one_line_error
+
+T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
+PROMPTS = ("--categories", "code,grounded", "--per-category", "2", "--max-tokens", "16", "--top-p", "0.9")
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory, smol, smol_q2k):
+    out = tmp_path_factory.mktemp("predict")
+    r = harness("bench", "--target", T, "--draft", f"{D},ngram:2", "--gamma", "1", "--temp", "0,0.8", *PROMPTS,
+                "--replay", "--replay-gamma", "3", "--threads", "2", "--paired", "--out", str(out / "two"))
+    assert r.returncode == 0, r.stderr
+    run = next(d for d in (out / "two" / "runs").iterdir() if not d.is_symlink())
+    cals = []
+    for m in (T, D):
+        r = harness("calibrate", m, "--threads", "1", "--k-max", "4", "--reps", "2", "--out", str(out / "cal"))
+        assert r.returncode == 0, r.stderr
+        cals.append(out / "cal" / f"{m}-t1-ngl0.json")
+    r = harness("bench", "--target", T, "--draft", f"{D},ngram:2", "--gamma", "1,3", "--temp", "0,0.8", *PROMPTS,
+                "--threads", "1", "--paired", "--out", str(out / "one"))
+    assert r.returncode == 0, r.stderr
+    timed = next(d for d in (out / "one" / "runs").iterdir() if not d.is_symlink())
+    return out, run, cals, timed
+
+
+def test_calibrations_carry_their_machine(machine):
+    _, _, cals, _ = machine
+    c = json.loads(cals[0].read_text())
+    assert c["threads"] == 1 and c["machine"]["cpu"] and c["machine"]["host"] and len(c["sha256"]) == 64
+
+
+def test_predicted_verdicts_for_the_calibrated_machine_beside_its_timed_run(machine):
+    out, run, cals, timed = machine
+    r = harness("predict", str(run), "--costs", str(cals[0]), "--costs", str(cals[1]), "--against", str(timed),
+                "--out", str(out / "pred"))
+    assert r.returncode == 0, r.stderr
+    md = (out / "pred" / r.stdout.strip().rsplit("/", 1)[1]).read_text()
+    assert "1 threads" in md and run.name in md
+    verdicts = md_table(md, "# Predicted for")
+    assert {(v["category"], v["policy"]) for v in verdicts} == {(c, p) for c in ("code", "grounded")
+                                                               for p in ("greedy", "T=0.8 top_p=0.9")}
+    assert all(v["timed there"] for v in verdicts)
+    rows = md_table(md, "## Predicted against timed")
+    assert {(x["proposer"], x["gamma"]) for x in rows} == {(p, g) for p in (D, "ngram:2") for g in ("1", "3")}
+    assert (out / "pred" / r.stdout.strip().rsplit("/", 1)[1].replace(".md", ".csv")).exists()
+
+
+def test_the_replays_costs_are_swapped_for_the_calibrated_ones():
+    from harness.compare.predict import swapped_costs
+    cal = {"contexts": [128, 1024], "k": [1, 2, 3], "ms_by_context": [[10, 12, 14], [11, 13, 15]],
+           "ms_last_by_context": [[2, 3, 4], [2.5, 3.5, 4.5]]}
+    recs = [{"type": "replay", "x": 1},
+            {"type": "costs", "config": "b", "proposer": D, "contexts": [100], "target_ms_by_context": [[1, 2]],
+             "draft_ms_by_context": [[0.1, 0.2]], "overhead_ms": 0.3},
+            {"type": "costs", "config": "b", "proposer": "ngram:2", "contexts": [100],
+             "target_ms_by_context": [[1, 2]], "draft_ms_by_context": [[0.01, 0.01]], "overhead_ms": 0.3}]
+    got = swapped_costs(recs, {T: cal, D: cal}, {"b": T}, gamma_max=1)
+    assert got[0] == recs[0]
+    assert got[1]["target_ms_by_context"] == [[10, 12], [11, 13]] and got[1]["contexts"] == [128, 1024]
+    assert got[1]["draft_ms_by_context"] == [[2, 3], [2.5, 3.5]] and got[1]["overhead_ms"] == 0.3
+    assert got[2]["draft_ms_by_context"] == [[0.01, 0.01]]  # a lookup's time is the harness's own
+
+
+def _edited(src, dest, change):
+    c = json.loads(src.read_text())
+    change(c)
+    dest.write_text(json.dumps(c))
+    return str(dest)
+
+
+def test_mismatched_inputs_are_refused(machine, tmp_path):
+    out, run, cals, timed = machine
+    t, d = map(str, cals)
+    one_line_error(harness("predict", str(run), "--costs", t), "no calibration of", D)
+    one_line_error(harness("predict", str(timed), "--costs", t, "--costs", d), "has no replay")
+    other = _edited(cals[1], tmp_path / "g.json", lambda c: c.update(model="gemma-3-270m-q4_k_m"))
+    one_line_error(harness("predict", str(run), "--costs", t, "--costs", d, "--costs", other), "did not use")
+    old = _edited(cals[1], tmp_path / "old.json", lambda c: c.pop("machine"))
+    one_line_error(harness("predict", str(run), "--costs", t, "--costs", old), "calibrate", "again")
+    far = _edited(cals[1], tmp_path / "far.json", lambda c: c["machine"].update(host="elsewhere"))
+    one_line_error(harness("predict", str(run), "--costs", t, "--costs", far), "one machine")
+    sha = _edited(cals[1], tmp_path / "sha.json", lambda c: c.update(sha256="0" * 64))
+    one_line_error(harness("predict", str(run), "--costs", t, "--costs", sha), "another file")
+    short = _edited(cals[1], tmp_path / "short.json", lambda c: c.update(k=[1, 2]))
+    one_line_error(harness("predict", str(run), "--costs", t, "--costs", short), "--k-max 4")
+    one_line_error(harness("predict", str(run), "--costs", t, "--costs", d, "--against", str(run)), "timed at")
