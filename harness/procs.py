@@ -55,6 +55,16 @@ def rss_bytes_now() -> int:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size: getrusage reports KiB on Linux, bytes on macOS."""
+    """This process's peak resident set size. On Linux, the high-water mark of its own memory map (VmHWM):
+    getrusage's ru_maxrss also keeps the parent's RSS at the fork that starts a spawned worker, so every worker of
+    a bench whose process had a model loaded (for its time estimate) reported at least that. Elsewhere getrusage
+    (KiB on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(r if sys.platform == "darwin" else r * 1024)

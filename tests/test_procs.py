@@ -6,7 +6,26 @@ import sys
 from harness.procs import peak_rss_bytes, run_isolated
 
 
-def test_peak_rss_is_kib_on_linux_and_bytes_on_macos(monkeypatch):
+def _own_peak(path):
+    with open(path, "w") as f:
+        f.write(str(peak_rss_bytes()))
+
+
+def test_a_spawned_worker_reports_its_own_peak_not_its_parents(tmp_path):
+    big = bytearray(400 * 2**20)
+    for i in range(0, len(big), 4096):
+        big[i] = 1  # touched: resident in this (the parent) process
+    assert run_isolated(_own_peak, str(tmp_path / "rss")) == 0
+    assert int((tmp_path / "rss").read_text()) < 300 * 2**20  # getrusage's ru_maxrss would say >= 400 MiB
+    del big
+
+
+def test_peak_rss_without_proc_is_kib_on_linux_and_bytes_on_macos(monkeypatch):
+    import harness.procs
+
+    def no_proc(*a, **k):
+        raise OSError("no /proc")
+    monkeypatch.setattr(harness.procs, "open", no_proc, raising=False)
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     monkeypatch.setattr(sys, "platform", "linux")
     assert peak_rss_bytes() >= kib * 1024

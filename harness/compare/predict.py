@@ -78,8 +78,10 @@ def swapped_costs(records: list[dict], cals: dict[str, dict], targets: dict[str,
     return out
 
 
-def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) -> tuple[pl.DataFrame, dict]:
-    """Predicted verdicts for the calibrated machine (and, with against, the timed speedups measured there)."""
+def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \
+        -> tuple[pl.DataFrame, pl.DataFrame | None, dict]:
+    """Predictions for the calibrated machine from every prompt; with against, the timed speedups measured there
+    beside them, and the predictions again on the timed run's own prompts (None without)."""
     from harness.analysis.predict import predictions
     from harness.plan import Instance
     plan = read_plan(run_dir)
@@ -93,22 +95,26 @@ def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) ->
     gamma_max = plan["params"].get("replay_gamma", 8)
     records = swapped_costs(load_records(run_dir / REPLAY_DIR, units), cals,
                             {c: i.target for c, i in insts.items()}, gamma_max)
-    rows = predictions(records, {}, gamma_max)  # plain decoding costs what the calibration's k = 1 costs
-    pred = pl.DataFrame(rows, infer_schema_length=None).with_columns(
-        pl.col("config").replace_strict({c: i.target for c, i in insts.items()}, default=None).alias("target"),
-        pl.col("config").replace_strict({c: i.setup for c, i in insts.items()}, default="").alias("setup"),
-        pl.col("config").replace_strict({c: i.ngl for c, i in insts.items()}, default=0).alias("ngl"),
-        pl.lit(machine["threads"]).alias("threads"))
-    timed = _timed(against, machine) if against else None
-    if timed is not None:
-        pred = pred.join(timed, on=KEY + ["adaptive"], how="left")
-    else:
-        pred = pred.with_columns(*[pl.lit(None, pl.Float64).alias(f"timed_speedup{s}") for s in ("", "_lo", "_hi")])
-    return pred, machine
 
 
-def _timed(against: Path, machine: dict) -> pl.DataFrame:
-    """The timed rows of a run on the calibrated machine, keyed like the predictions."""
+    def frame(recs: list[dict]) -> pl.DataFrame:  # plain decoding costs what the calibration's k = 1 costs
+        return pl.DataFrame(predictions(recs, {}, gamma_max), infer_schema_length=None).with_columns(
+            pl.col("config").replace_strict({c: i.target for c, i in insts.items()}, default=None).alias("target"),
+            pl.col("config").replace_strict({c: i.setup for c, i in insts.items()}, default="").alias("setup"),
+            pl.col("config").replace_strict({c: i.ngl for c, i in insts.items()}, default=0).alias("ngl"),
+            pl.lit(machine["threads"]).alias("threads"))
+    pred = frame(records)
+    if against is None:
+        return pred.with_columns(*[pl.lit(None, pl.Float64).alias(f"timed_speedup{s}") for s in ("", "_lo", "_hi")]), \
+            None, machine
+    timed, used = _timed(against, machine)
+    # like for like: the replay again on the very prompts the timed run used
+    same = frame([r for r in records if r.get("type") == "costs" or r.get("prompt_id") in used])
+    return pred.join(timed, on=KEY + ["adaptive"], how="left"), same.join(timed, on=KEY + ["adaptive"]), machine
+
+
+def _timed(against: Path, machine: dict) -> tuple[pl.DataFrame, set[str]]:
+    """The timed rows of a run on the calibrated machine, keyed like the predictions; the prompts it timed."""
     from harness.report.tables import compute
     plan = read_plan(against)
     if plan.get("system", {}).get("host") != machine["host"]:
@@ -121,13 +127,14 @@ def _timed(against: Path, machine: dict) -> pl.DataFrame:
     if threads != {machine["threads"]}:
         raise HarnessError(f"--against {against.name}: timed at {', '.join(map(str, sorted(threads)))} threads, the "
                            f"calibrations at {machine['threads']}: time and calibrate alike")
+    used = {i for r in plan.get("rounds") or [plan.get("prompt_ids", [])] for i in r}
     return sweep.filter(pl.col("draft") != "none").select(
         "category", "policy", pl.col("draft_label").alias("proposer"), "gamma", "adaptive",
         pl.col("speedup").alias("timed_speedup"), pl.col("speedup_lo").alias("timed_speedup_lo"),
-        pl.col("speedup_hi").alias("timed_speedup_hi"), pl.col("threads").alias("timed_threads"))
+        pl.col("speedup_hi").alias("timed_speedup_hi"), pl.col("threads").alias("timed_threads")), used
 
 
-def render(run: str, pred: pl.DataFrame, verdicts: pl.DataFrame, machine: dict, against: str | None) -> str:
+def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine: dict, against: str | None) -> str:
     from harness.report.replayed import confirmation
     vrows = [[v["category"], v["policy"], f"{v['proposer']} g={v['gamma']}",
               ci(v["speedup"], v["lo"], v["hi"], unit="x") + ("*" if v["adjusted"] else ""), v["verdict"],
@@ -139,8 +146,8 @@ def render(run: str, pred: pl.DataFrame, verdicts: pl.DataFrame, machine: dict, 
            "(95%, widened for the best of all proposers and gammas).", "",
            table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts"]
                  + (["timed there"] if against else [])), ""]
-    if against:
-        both = pred.filter(pl.col("timed_speedup").is_not_null() & ~pl.col("adaptive"))
+    if same is not None:
+        both = same.filter(pl.col("timed_speedup").is_not_null() & ~pl.col("adaptive"))
         rows = [[r["category"], r["policy"], r["proposer"], r["gamma"],
                  ci(r["speedup"], r["speedup_lo"], r["speedup_hi"], unit="x"),
                  ci(r["timed_speedup"], r["timed_speedup_lo"], r["timed_speedup_hi"], unit="x"),
@@ -149,7 +156,8 @@ def render(run: str, pred: pl.DataFrame, verdicts: pl.DataFrame, machine: dict, 
         meet = sum(r["speedup_lo"] <= r["timed_speedup_hi"] and r["timed_speedup_lo"] <= r["speedup_hi"]
                    for r in both.iter_rows(named=True) if r["timed_speedup_lo"] is not None)
         out += [f"## Predicted against timed ({against})", "",
-                f"{close} of {len(both)} rows within 10%; the intervals meet in {meet}.", "",
+                "Each configuration the timed run measured, predicted again from the replay of the very prompts it "
+                f"timed: {close} of {len(both)} rows within 10%; the intervals meet in {meet}.", "",
                 table(rows, ["category", "policy", "proposer", "gamma", "predicted", "timed", "error"]), ""]
     return "\n".join(out)
 
@@ -161,11 +169,11 @@ def predict_command(run_dir: str, cal_paths: list[str], against: str | None, out
         raise HarnessError(f"{run_dir}: no such run directory")
     if against and not Path(against).is_dir():
         raise HarnessError(f"--against {against}: no such run directory")
-    pred, machine = predict(rd, cal_paths, Path(against) if against else None)
+    pred, same, machine = predict(rd, cal_paths, Path(against) if against else None)
     verdicts = predicted_verdicts(pred).sort(pl.col("policy") != "greedy", "policy", maintain_order=True)
     dest = Path(out)
     dest.mkdir(parents=True, exist_ok=True)
     md = dest / f"predict-{rd.name}-{machine['host']}-t{machine['threads']}.md"
-    md.write_text(render(rd.name, pred, verdicts, machine, Path(against).name if against else None))
+    md.write_text(render(rd.name, same, verdicts, machine, Path(against).name if against else None))
     pred.drop([c for c in pred.columns if isinstance(pred[c].dtype, pl.List)]).write_csv(md.with_suffix(".csv"))
     return md
