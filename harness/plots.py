@@ -22,6 +22,13 @@ def _plt():
     return plt
 
 
+def save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    _plt().close(fig)
+    return path
+
+
 def gamma_curves(sweep: pl.DataFrame, out: Path) -> Path | None:
     """Acceptance and tokens/s against gamma, one panel pair per category, a line per draft and policy."""
     spec = sweep.filter((pl.col("draft") != "none") & ~pl.col("adaptive"))
@@ -46,11 +53,7 @@ def gamma_curves(sweep: pl.DataFrame, out: Path) -> Path | None:
     axes[0][0].set_ylabel("acceptance (accepted/proposed)")
     axes[1][0].set_ylabel("tokens/s (dashed: plain)")
     axes[0][-1].legend(fontsize=6)
-    fig.tight_layout()
-    path = out / "gamma.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save(fig, out / "gamma.png")
 
 
 def predicted_vs_measured(points: list[tuple[float, float, str]], out: Path) -> Path | None:
@@ -65,11 +68,7 @@ def predicted_vs_measured(points: list[tuple[float, float, str]], out: Path) -> 
     ax.plot([0, hi], [0, hi], color="grey", linewidth=0.8)
     ax.set_xlabel("predicted speedup")
     ax.set_ylabel("measured speedup")
-    fig.tight_layout()
-    path = out / "cost_model.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save(fig, out / "cost_model.png")
 
 
 def calibration(run_dir: Path, out: Path) -> Path | None:
@@ -84,11 +83,7 @@ def calibration(run_dir: Path, out: Path) -> Path | None:
     ax.set_xlabel("tokens per llama_decode (all logits)")
     ax.set_ylabel("ms")
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = out / "calibration.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save(fig, out / "calibration.png")
 
 
 def verdicts(v: pl.DataFrame | None, out: Path) -> Path | None:
@@ -112,8 +107,4 @@ def verdicts(v: pl.DataFrame | None, out: Path) -> Path | None:
     ax.invert_yaxis()
     ax.set_xlabel("speedup over plain decoding (best configuration, 95% interval)")
     ax.set_title("green: speculate, red: plain decoding, grey: inconclusive, orange: unreliable", fontsize=7)
-    fig.tight_layout()
-    path = out / "verdicts.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save(fig, out / "verdicts.png")

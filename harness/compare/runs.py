@@ -179,11 +179,7 @@ def speedup_plot(runs: list[Run], f: pl.DataFrame, out: Path) -> Path | None:
     ax.set_xticks(range(len(groups)), [f"{k[3]}\n{k[2]}" for k in groups], fontsize=6, rotation=90)
     ax.set_ylabel("best speedup vs plain [95% CI]")
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = out / "compare.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return plots.save(fig, out / "compare.png")
 
 
 def compare_command(run_dirs: list[str], out: str, formats: tuple[str, ...]) -> Path:
