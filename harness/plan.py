@@ -7,7 +7,7 @@ import itertools
 import json
 import os
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -250,8 +250,9 @@ class Instance:
         return f"{tag}-{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
 
 
-LATER_DEFAULTS = {"verify": "leviathan", "p_min": 0.0, "n_min": 0, "cache_k": "f16", "cache_v": "f16",
-                  "flash_attn": "auto", "ubatch": 512, "cache_k_draft": "f16", "cache_v_draft": "f16"}
+# fields added after runs were first recorded: at their defaults they stay out of the id
+LATER_DEFAULTS = {f.name: f.default for f in fields(Instance) if f.name in (
+    "verify", "p_min", "n_min", "cache_k", "cache_v", "flash_attn", "ubatch", "cache_k_draft", "cache_v_draft")}
 
 
 def _draftings(p: Params, draft: str, greedy: bool) -> list[tuple[str, float, int]]:

@@ -67,6 +67,11 @@ def read_plan(run_dir: Path) -> dict:
     return plan
 
 
+def plan_rounds(plan: dict) -> list[list[str]]:
+    """The prompt ids of each round (a run from before rounds has one: its prompt_ids)."""
+    return plan.get("rounds") or [plan.get("prompt_ids", [])]
+
+
 def unit_id(config: str, round_: int = 0) -> str:
     return config if round_ == 0 else f"{config}.r{round_}"
 

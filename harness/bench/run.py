@@ -20,7 +20,7 @@ from harness.bench.rounds import next_round, open_categories
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, finished, new_run_dir, noise_records,
-                            read_plan, record_noise, record_result, repair_results, unit_id, write_plan)
+                            plan_rounds, read_plan, record_noise, record_result, repair_results, unit_id, write_plan)
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
 
@@ -44,7 +44,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
         instances = [Instance(**d) for d in plan["instances"]]
         params = Params(**plan["params"])
         pool = prompt_pool(params, plan["categories"])
-        rounds = plan.get("rounds") or [plan["prompt_ids"]]
+        rounds = plan_rounds(plan)
     else:
         instances = expand(params)
         pool = prompt_pool(params) if params.until_confident else prompts

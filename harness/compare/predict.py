@@ -11,7 +11,7 @@ import polars as pl
 
 from harness.errors import HarnessError
 from harness.report.fmt import ci, table
-from harness.rundir import REPLAY_DIR, load_records, ok_units, read_plan
+from harness.rundir import REPLAY_DIR, load_records, ok_units, plan_rounds, read_plan
 
 KEY = ["category", "policy", "proposer", "gamma"]
 
@@ -127,7 +127,7 @@ def _timed(against: Path, machine: dict) -> tuple[pl.DataFrame, set[str]]:
     if threads != {machine["threads"]}:
         raise HarnessError(f"--against {against.name}: timed at {', '.join(map(str, sorted(threads)))} threads, the "
                            f"calibrations at {machine['threads']}: time and calibrate alike")
-    used = {i for r in plan.get("rounds") or [plan.get("prompt_ids", [])] for i in r}
+    used = {i for r in plan_rounds(plan) for i in r}
     return sweep.filter(pl.col("draft") != "none").select(
         "category", "policy", pl.col("draft_label").alias("proposer"), "gamma", "adaptive",
         pl.col("speedup").alias("timed_speedup"), pl.col("speedup_lo").alias("timed_speedup_lo"),

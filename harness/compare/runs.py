@@ -12,7 +12,7 @@ import polars as pl
 
 from harness.errors import HarnessError
 from harness.report.fmt import ci, table
-from harness.rundir import read_plan
+from harness.rundir import plan_rounds, read_plan
 
 KEY = ["target", "setup", "policy", "category"]
 
@@ -73,7 +73,7 @@ def _policies(run: Run) -> set[str]:
 
 
 def _prompts(run: Run) -> dict[str, str | None]:
-    ids = [i for r in run.plan.get("rounds") or [run.plan.get("prompt_ids", [])] for i in r]
+    ids = [i for r in plan_rounds(run.plan) for i in r]
     digests = run.plan.get("prompt_digests", {})
     return {i: digests.get(i) for i in ids}
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.report.fmt import ci, f, mib, pct_ci, table
+from harness.rundir import plan_rounds
 
 
 def drift(sweep: pl.DataFrame) -> list[str]:
@@ -284,7 +285,7 @@ def until_confident(plan: dict, verdicts: pl.DataFrame | None) -> list[str]:
     uc = plan.get("until_confident")
     if not uc:
         return []
-    rounds = plan.get("rounds") or [plan["prompt_ids"]]
+    rounds = plan_rounds(plan)
     why = {"settled": "every verdict settled", "budget": f"the budget ({uc.get('budget_min')} min) was spent",
            "prompts": "no category with an open verdict had prompts left",
            "interrupted": "it was interrupted"}.get(uc.get("stopped"), uc.get("stopped") or "still running")
