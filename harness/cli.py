@@ -174,6 +174,8 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--flash-attn", help="Comma list of on, off, auto (both models; default auto).")
 @click.option("--ubatch", help="Comma list of physical batch sizes, both models (default 512; smaller shrinks the "
                                "compute buffer).")
+@click.option("--parallel", help="Comma list of how many requests decode together, each its own sequence in one "
+                                 "context (llama-server's -np); --n-ctx is shared among them (default 1).")
 @click.option("--categories", help="Comma list of prompt categories.")
 @click.option("--prompts", help="Comma list of prompt JSONL files (instead of prompts/<category>.jsonl).")
 @click.option("--per-category", type=int, help="Prompts per category (0 = all).")

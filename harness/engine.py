@@ -130,6 +130,7 @@ class EngineConfig:
     cache_v: str = "f16"
     flash_attn: str = "auto"
     n_ubatch: int = 0  # 0: n_batch
+    n_seq: int = 1  # sequences decoded together (llama-server's -np): each gets n_ctx / n_seq positions
 
     def __post_init__(self):
         for what, v in (("K", self.cache_k), ("V", self.cache_v)):
@@ -148,6 +149,8 @@ class EngineConfig:
             raise HarnessError(f"--threads must be >= 0 (0 = physical cores), got {self.threads}")
         if self.n_gpu_layers < 0:
             raise HarnessError(f"--ngl/--ngl-draft must be >= 0 (layers offloaded to the GPU), got {self.n_gpu_layers}")
+        if self.n_seq < 1:
+            raise HarnessError(f"--parallel must be >= 1, got {self.n_seq}")
 
     def resolved_threads(self) -> int:
         return self.threads or default_threads()
@@ -269,7 +272,8 @@ class Vocab:
 
 
 class Engine:
-    """One model, one context, sequence 0. Callers keep track of positions; trim() rolls the KV cache back."""
+    """One model, one context. decode/trim/reset work on sequence 0 and keep its position; decode_rows, seq_trim
+    and seq_clear serve several sequences (cfg.n_seq) whose positions the caller keeps."""
 
     def __init__(self, path: Path, cfg: EngineConfig):
         require_offload(cfg.n_gpu_layers)
@@ -286,7 +290,8 @@ class Engine:
             cp.n_ctx = cfg.n_ctx
             cp.n_batch = cfg.n_batch
             cp.n_ubatch = cfg.ubatch
-            cp.n_seq_max = 1
+            cp.n_seq_max = cfg.n_seq
+            cp.kv_unified = False  # each sequence attends to its own cells only, as llama.cpp advises for n_seq > 1
             cp.n_threads = cp.n_threads_batch = cfg.resolved_threads()
             cp.no_perf = False
             cp.type_k, cp.type_v = int(cache_type(cfg.cache_k)), int(cache_type(cfg.cache_v))
@@ -306,7 +311,7 @@ class Engine:
         self.flash_attn = _flash_attn_used(text, cfg.flash_attn)
         # llama.cpp pads n_ctx up (to a multiple of 256); what the user asked for is the limit they are told of
         self.n_ctx_alloc = ll.llama_n_ctx(self.ctx)
-        self.n_ctx = min(self.n_ctx_alloc, cfg.n_ctx)
+        self.n_ctx = min(ll.llama_n_ctx_seq(self.ctx), cfg.n_ctx // cfg.n_seq)  # each sequence's positions
         self.mem = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(cfg.n_batch, 0, 1)
         self.load_ms = (time.perf_counter() - t0) * 1000
@@ -359,6 +364,33 @@ class Engine:
             return None
         ptr = self._ll.llama_get_logits(self.ctx)
         return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+
+    def decode_rows(self, rows: list[tuple[int, int, int, bool]]) -> np.ndarray | None:
+        """One llama_decode of (sequence, position, token, wants logits) rows, at most n_batch of them. Returns
+        the logits of the rows that want them, in row order, as a view (valid until the next decode), or None."""
+        if len(rows) > self.cfg.n_batch:
+            raise HarnessError(f"{len(rows)} rows exceed the batch size {self.cfg.n_batch}")
+        b = self.batch
+        for i, (seq, pos, tok, want) in enumerate(rows):
+            if pos >= self.n_ctx:
+                raise HarnessError(f"context full: sequence {seq} reached position {pos}, n_ctx per sequence is "
+                                   f"{self.n_ctx}")
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, want
+            b.seq_id[i][0] = seq
+        b.n_tokens = len(rows)
+        rc = self._ll.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise HarnessError(f"llama_decode failed with code {rc} on a batch of {len(rows)} rows")
+        wanted = sum(1 for r in rows if r[3])
+        if not wanted:
+            return None
+        return np.ctypeslib.as_array(self._ll.llama_get_logits(self.ctx), shape=(wanted, self.n_vocab))
+
+    def seq_trim(self, seq: int, n_keep: int) -> None:
+        """Forget sequence seq's positions >= n_keep."""
+        if not self._ll.llama_memory_seq_rm(self.mem, seq, n_keep, -1):
+            raise HarnessError("llama.cpp could not roll the KV cache back (this model's memory type "
+                               "does not support partial removal)")
 
     def trim(self, n_keep: int) -> None:
         """Forget every position >= n_keep (KV rollback after a rejection)."""

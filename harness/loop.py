@@ -33,6 +33,40 @@ def check_fits(n_prompt: int, max_tokens: int, gamma_max: int, n_ctx: int) -> No
                            f"need {need} positions but n_ctx is {n_ctx}: raise --n-ctx or shorten the prompt")
 
 
+def check(logits: np.ndarray, prop: Proposal, policy: Policy, rng: np.random.Generator, rule: str):
+    """The verifier over the target's logits rows for a block (its last token and the proposals)."""
+    drafts = np.asarray(prop.tokens, dtype=np.int64)
+    if policy.greedy:
+        return verify_greedy(drafts, logits.argmax(axis=1))
+    p = [process(row, policy) for row in logits]
+    return verify_exact(drafts, p, rng) if rule == "exact" else verify_stochastic(drafts, prop.q, p, rng)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a verification step adds to the output."""
+    new: list[int]
+    src: list[bool]           # per new token: from the draft
+    accepted: int             # accepted drafts the output contains
+    rejected_at: int | None
+    stop_token: int | None    # the end-of-generation token that ended it
+
+
+def outcome(verdict, prop: Proposal, eog, remaining: int) -> Outcome:
+    """The accepted drafts and the correction/bonus token, cut at an end-of-generation token and at the tokens
+    still wanted."""
+    k = verdict.accepted
+    rejected_at = k if k < len(prop.tokens) else None
+    new, src, stop_token = [*prop.tokens[:k], verdict.token], [True] * k + [False], None
+    for j, t in enumerate(new):
+        if eog(t):
+            new, src, stop_token = new[:j], src[:j], t
+            if j < k:  # an accepted draft ended the output: count only the drafts the output contains
+                k, rejected_at = j, None
+            break
+    return Outcome(new[:remaining], src[:remaining], k, rejected_at, stop_token)
+
+
 def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=0,
              trace: TraceWriter | None = None, mode: str | None = None, rule: str = "leviathan") -> dict:
     """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding.
@@ -72,27 +106,15 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
         logits = target.decode(block, logits="all")
         s2 = time.perf_counter()
         n_prop = len(prop.tokens)
-        if policy.greedy:
-            verdict = verify_greedy(np.asarray(prop.tokens, dtype=np.int64), logits.argmax(axis=1))
-        else:
-            p = [process(row, policy) for row in logits]
-            drafts = np.asarray(prop.tokens, dtype=np.int64)
-            verdict = verify_exact(drafts, p, rng) if rule == "exact" else verify_stochastic(drafts, prop.q, p, rng)
+        verdict = check(logits, prop, policy, rng, rule)
         i0 = time.perf_counter()
         conf = [top_prob(row) for row in logits[:n_prop + 1]]
         margin = top2_margin(logits[0]) if n_prop == 0 and mode == "baseline" and policy.greedy else None
         instr = time.perf_counter() - i0
-        k = raw_k = verdict.accepted
-        rejected_at = k if k < n_prop else None
-        new = [*prop.tokens[:k], verdict.token]
-        src = [True] * k + [False]
-        for j, t in enumerate(new):
-            if eog(t):
-                new, src, stop, stop_token = new[:j], src[:j], "eos", t
-                if j < k:  # an accepted draft ended the output: count only the drafts the output contains
-                    k, rejected_at = j, None
-                break
-        new, src = new[:remaining], src[:remaining]
+        o = outcome(verdict, prop, eog, remaining)
+        k, rejected_at, new, src = o.accepted, o.rejected_at, o.new, o.src
+        if o.stop_token is not None:
+            stop, stop_token = "eos", o.stop_token
         ctx += new
         out += new
         from_draft += src
@@ -104,7 +126,8 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
         if ctl:  # each model's first decode in a generation pays a one-off warm-up (1.5-2x): not a cost to learn
             ctl.observe(verdict.alpha[:k + (rejected_at is not None)], n_prop, (s1 - s0) * 1e3 if drafted > 1 else None,
                         (s2 - s1) * 1e3 if step else None)
-        rec = {"type": "step", "step": step, "gamma": g, "proposed": n_prop, "accepted": k, "accepted_raw": raw_k,
+        rec = {"type": "step", "step": step, "gamma": g, "proposed": n_prop, "accepted": k,
+               "accepted_raw": verdict.accepted,
                "rejected_at": rejected_at, "token": verdict.token, "emitted": len(new),
                "alpha": [round(a, 6) for a in verdict.alpha], "target_conf": [round(c, 6) for c in conf],
                "draft_ms": (s1 - s0) * 1e3, "verify_ms": (s2 - s1) * 1e3,

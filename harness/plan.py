@@ -15,7 +15,7 @@ from harness.sampling import Policy
 
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads", "verify",
              "draft_p_min", "draft_n_min", "cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft",
-             "flash_attn", "ubatch")
+             "flash_attn", "ubatch", "parallel")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset")
 
@@ -45,6 +45,7 @@ class Params:
     cache_type_v_draft: list[str] = field(default_factory=lambda: ["f16"])
     flash_attn: list[str] = field(default_factory=lambda: ["auto"])  # both models, as llama.cpp's -fa
     ubatch: list[int] = field(default_factory=lambda: [512])  # both models' n_ubatch
+    parallel: list[int] = field(default_factory=lambda: [1])  # requests decoded together (llama-server's -np)
     categories: list[str] = field(default_factory=list)
     prompts: list[str] = field(default_factory=list)
     per_category: int = 0
@@ -146,10 +147,28 @@ def check(p: Params) -> None:
                            "--cache-type-k-draft/-v-draft without --replay, or replay one value of each per run")
     if any(v < 1 for v in p.ubatch):
         raise HarnessError(f"--ubatch values must be >= 1, got {min(p.ubatch)}")
+    check_parallel(p)
     if not 0 < p.busy_threshold <= 1:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
 
 
+def check_parallel(p: Params) -> None:
+    if any(v < 1 for v in p.parallel):
+        raise HarnessError(f"--parallel values must be >= 1 (requests decoded together), got {min(p.parallel)}")
+    if max(p.parallel) == 1:
+        return
+    for what, bad in (("adaptive gamma (auto)", any(isinstance(g, str) for g in p.gamma)), ("--replay", p.replay),
+                      ("--until-confident", p.until_confident)):
+        if bad:
+            raise HarnessError(f"--parallel above 1 does not combine with {what}, which decodes one sequence at a "
+                               "time: sweep --parallel with fixed gammas, timed")
+    widest = max(p.parallel) * (max((g for g in p.gamma if isinstance(g, int)), default=0) + 1)
+    if widest > N_BATCH:
+        raise HarnessError(f"--parallel {max(p.parallel)} x (gamma + 1) = {widest} tokens per step exceed the batch "
+                           f"size {N_BATCH}: lower --parallel or --gamma")
+
+
+N_BATCH = 512  # the engines' n_batch: one step's tokens, all sequences together, must fit in one decode
 ENGINE_KEYS = ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft", "flash_attn", "ubatch")
 
 
@@ -160,7 +179,7 @@ def _as_list(key: str, v) -> list:
     conv = {"target": str, "draft": str, "temp": float, "top_p": float, "top_k": int, "min_p": float, "ngl": int,
             "ngl_draft": int, "threads": int, "verify": str, "draft_p_min": float, "draft_n_min": int,
             "cache_type_k": str, "cache_type_v": str, "cache_type_k_draft": str, "cache_type_v_draft": str,
-            "flash_attn": str, "ubatch": int}[key]
+            "flash_attn": str, "ubatch": int, "parallel": int}[key]
     try:
         return [conv(x) for x in items]
     except ValueError:
@@ -199,6 +218,7 @@ class Instance:
     ubatch: int = 512  # both models
     cache_k_draft: str = "f16"
     cache_v_draft: str = "f16"
+    parallel: int = 1  # requests decoded together, each its own sequence in the context (harness.concurrency)
 
     @property
     def gamma_label(self) -> str:
@@ -223,13 +243,15 @@ class Instance:
         """The target's context settings where they are not the defaults, as the report names them ("" else)."""
         parts = [f"KV {self.cache_k}/{self.cache_v}" if (self.cache_k, self.cache_v) != ("f16", "f16") else "",
                  f"FA {self.flash_attn}" if self.flash_attn != "auto" else "",
-                 f"ubatch {self.ubatch}" if self.ubatch != 512 else ""]
+                 f"ubatch {self.ubatch}" if self.ubatch != 512 else "",
+                 f"parallel {self.parallel}" if self.parallel != 1 else ""]
         return ", ".join(x for x in parts if x)
 
     def engine_config(self, n_ctx: int):
         from harness.engine import EngineConfig
         return EngineConfig(n_ctx=n_ctx, n_gpu_layers=self.ngl, threads=self.threads, cache_k=self.cache_k,
-                            cache_v=self.cache_v, flash_attn=self.flash_attn, n_ubatch=self.ubatch)
+                            cache_v=self.cache_v, flash_attn=self.flash_attn, n_ubatch=self.ubatch,
+                            n_seq=self.parallel)
 
     def draft_engine_config(self, n_ctx: int):
         from dataclasses import replace
@@ -239,7 +261,7 @@ class Instance:
     def plain(self) -> "Instance":
         """The plain baseline of this configuration's target, policy, offload, threads and context settings."""
         return Instance(self.target, "none", 0, self.policy, self.ngl, 0, self.threads, cache_k=self.cache_k,
-                        cache_v=self.cache_v, flash_attn=self.flash_attn, ubatch=self.ubatch)
+                        cache_v=self.cache_v, flash_attn=self.flash_attn, ubatch=self.ubatch, parallel=self.parallel)
 
     @property
     def id(self) -> str:
@@ -252,7 +274,8 @@ class Instance:
 
 # fields added after runs were first recorded: at their defaults they stay out of the id
 LATER_DEFAULTS = {f.name: f.default for f in fields(Instance) if f.name in (
-    "verify", "p_min", "n_min", "cache_k", "cache_v", "flash_attn", "ubatch", "cache_k_draft", "cache_v_draft")}
+    "verify", "p_min", "n_min", "cache_k", "cache_v", "flash_attn", "ubatch", "cache_k_draft", "cache_v_draft",
+    "parallel")}
 
 
 def _draftings(p: Params, draft: str, greedy: bool) -> list[tuple[str, float, int]]:
@@ -282,9 +305,9 @@ def expand(p: Params) -> list[Instance]:
     policies = list(dict.fromkeys(Policy(0.0, 0, 1.0, 0.0, p.seed) if x.greedy else x for x in policies))
     from harness.pair import parse_ngram
     out: list[Instance] = []
-    for target, ngl, threads, pol, ck, cv, fa, ub in itertools.product(
-            p.target, p.ngl, p.threads, policies, p.cache_type_k, p.cache_type_v, p.flash_attn, p.ubatch):
-        ctx = {"cache_k": ck, "cache_v": cv, "flash_attn": fa, "ubatch": ub}
+    for target, ngl, threads, pol, ck, cv, fa, ub, n in itertools.product(
+            p.target, p.ngl, p.threads, policies, p.cache_type_k, p.cache_type_v, p.flash_attn, p.ubatch, p.parallel):
+        ctx = {"cache_k": ck, "cache_v": cv, "flash_attn": fa, "ubatch": ub, "parallel": n}
         base = Instance(target, "none", 0, pol.as_dict(), ngl, 0, threads, **ctx)
         base.engine_config(p.n_ctx)  # refuses an unknown type or a quantized V cache without flash attention
         out.append(base)

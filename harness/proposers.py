@@ -59,6 +59,18 @@ class Proposer(Protocol):
     def accepted(self, context: list[int], n_accepted: int) -> None: ...
 
 
+def draft_pick(row: np.ndarray, policy: Policy, d: Drafting, rng: np.random.Generator) -> tuple[int, Dist] | None:
+    """The draft's next token and the distribution it came from, given its logits row; None where p-min stops
+    drafting."""
+    if d.p_min > 0 and top_share(row, P_MIN_TOP_K) < d.p_min:
+        return None
+    if d.verify == "exact":  # the draft's top token, as a point mass: the target samples against it
+        q = Dist.point(int(np.argmax(row)))
+        return int(q.ids[0]), q
+    q = process(row, policy)
+    return (int(q.ids[0]) if policy.greedy else q.sample(rng)), q
+
+
 class DraftModelProposer:
     """A smaller model with the same tokenizer, sampling from its own processed distribution q."""
 
@@ -81,18 +93,13 @@ class DraftModelProposer:
         logits = eng.decode(context[eng.n_past:], logits="last")
         out = Proposal()
         for i in range(n):
-            if d.p_min > 0 and top_share(logits[0], P_MIN_TOP_K) < d.p_min:
+            picked = draft_pick(logits[0], self.policy, d, self.rng)
+            if picked is None:
                 break
-            if d.verify == "exact":  # the draft's top token, as a point mass: the target samples against it
-                q = Dist.point(int(np.argmax(logits[0])))
-                x = int(q.ids[0])
-            else:
-                q = process(logits[0], self.policy)
-                x = int(q.ids[0]) if self.policy.greedy else q.sample(self.rng)
-            out.tokens.append(x)
-            out.q.append(q)
+            out.tokens.append(picked[0])
+            out.q.append(picked[1])
             if i < n - 1:
-                logits = eng.decode([x], logits="last")
+                logits = eng.decode([picked[0]], logits="last")
         return out if len(out.tokens) >= d.n_min else Proposal()
 
     def accepted(self, context: list[int], n_accepted: int) -> None:

@@ -10,7 +10,8 @@ from harness.errors import HarnessError
 from harness.plan import Instance
 
 
-def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool) -> dict[str, str]:
+def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, max_tokens: int = 0,
+              n_ctx: int = 2048) -> dict[str, str]:
     """Refuse what cannot run before anything runs. Returns instance ids to record as skipped, with why."""
     from harness.align import require_aligned
     from harness.engine import GPU_BUILD_HINT, gpu_offload_supported
@@ -40,7 +41,26 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool) 
             continue
         require_aligned(resolve(i.target, cat).path, resolve(i.draft, cat).path, prompts)
         checked.add((i.target, i.draft))
+    check_parallel_fits([i for i in instances if i.parallel > 1], prompts, max_tokens, n_ctx)
     return skipped
+
+
+def check_parallel_fits(instances: list[Instance], prompts: list, max_tokens: int, n_ctx: int) -> None:
+    """N sequences share --n-ctx (n_ctx / N positions each): refuse in one line where a prompt would not fit."""
+    from harness.engine import Vocab, load_model
+    from harness.models.catalog import resolve
+    vocabs = {}
+    for i in sorted(instances, key=lambda i: (-i.parallel, -i.gamma)):
+        if i.target not in vocabs:
+            v = Vocab(load_model(resolve(i.target).path, vocab_only=True))
+            vocabs[i.target] = [(len(v.tokenize(p.render(v))), max_tokens or p.max_tokens, p) for p in prompts]
+        for n_prompt, mt, p in vocabs[i.target]:
+            need, n = n_prompt + mt + i.gamma + 1, i.parallel
+            if n * need > n_ctx:
+                raise HarnessError(
+                    f"--parallel {i.parallel}: {n} sequences x (prompt {n_prompt} + max tokens {mt} + gamma {i.gamma} "
+                    f"+ 1 = {need} positions, prompt {p.id}) need {n * need} but --n-ctx is {n_ctx}, shared among "
+                    f"them: raise --n-ctx to {n * need} or lower --parallel")
 
 
 def cost_needs(instances: list[Instance]) -> set[tuple[str, int, int]]:

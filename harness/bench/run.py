@@ -55,7 +55,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
         raise HarnessError(f"the run's prompts {', '.join(gone[:3])} are no longer in its prompt files; restore them "
                            "to resume it")
     first = [by_id[i] for i in rounds[0]]
-    skipped = preflight(instances, first, skip_unsupported)
+    skipped = preflight(instances, first, skip_unsupported, params.max_tokens, params.n_ctx)
     idle = noise.idle_check(params.busy_threshold, allow_busy)  # before anything is timed, calibration included
     if not resume:
         run_dir = new_run_dir(out_root / RUNS_DIR)

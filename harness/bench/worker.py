@@ -18,13 +18,12 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     """Every prompt (times params.repeat) through one configuration. params.paired: each speculative
     generation also runs as plain decoding in this worker, alternating which goes first, into run_dir/paired: a
     reference taken seconds apart, so the machine's drift over a long sweep cancels out of the speedup."""
-    from harness.loop import Request, check_fits, generate
+    from harness.loop import Request, check_fits
     from harness.pair import open_pair
-    from harness.sampling import Policy
     from harness.trace import TraceWriter
 
     t0 = time.perf_counter()
-    max_tokens, repeat, paired = params.max_tokens, params.repeat, params.paired
+    max_tokens, paired = params.max_tokens, params.paired
     unit = unit_id(inst.id, round_)
     before_models = rss_bytes_now()  # Python, numpy, llama.cpp's libraries: the process before any weights
     pair = open_pair(inst.target, None if inst.baseline else inst.draft, inst.engine_config(params.n_ctx),
@@ -43,45 +42,19 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
             mt = max_tokens or pr.max_tokens
             check_fits(len(toks), mt, inst.gamma, pair.target.n_ctx)
             requests.append((pr, Request(pr.id, toks, mt, pr.category)))
-        warm_up(pair, requests[0][1].tokens, inst.gamma)
+        warm_up(pair, requests[0][1].tokens, inst.parallel * (inst.gamma + 1) - 1)
         if not inst.baseline and round_ == 0:  # the costs this configuration's rows pay, for the cost model
             tw = TraceWriter(files["speculative"], config=inst.id, mode="speculative")
-            tw.write(measure_costs(pair, [r for _, r in requests], inst.gamma + 1))
+            tw.write(measure_costs(pair, [r for _, r in requests], inst.gamma + 1, inst.parallel))
             tw.close()
-        controllers = {}
-        # greedy speculative outputs are checked against plain greedy decoding: the paired twin, or else the
-        # baseline configuration's trace when it ran earlier in the sweep
-        check = inst.policy["temperature"] == 0 and not inst.baseline
-        plain_ref = plain_outputs(run_dir, inst, round_) if check and "baseline" not in files else {}
-        n = 0
-        for rep in range(repeat):
-            pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
-            for pr, req in requests:
-                gamma = inst.gamma
-                if inst.adaptive:
-                    if pr.category not in controllers:
-                        ctx = len(req.tokens) + req.max_tokens / 2
-                        controllers[pr.category] = adaptive_controller(inst, pair, run_dir, ctx)
-                    gamma = controllers[pr.category]
-                modes = list(files) if n % 2 == 0 else list(reversed(files))
-                n += 1
-                traces = {}
-                for mode in modes:
-                    traces[mode] = tw = TraceWriter(files[mode], keep=check, config=inst.id, mode=mode,
-                                                    category=pr.category, prompt_id=pr.id, repeat=rep)
-                    spec = mode == "speculative"
-                    generate(pair.target, req, pol, pair.proposer if spec else None, gamma if spec else 0, tw, mode,
-                             inst.verify)
-                if check:
-                    plain = traces["baseline"].records[-1]["tokens"] if "baseline" in traces \
-                        else plain_ref.get((pr.id, rep))
-                    if plain is not None:
-                        record_divergence(pair.target, req.tokens, traces["speculative"], plain)
-                for tw in traces.values():
-                    tw.close()
+        if inst.parallel > 1:
+            run_batches(inst, pair, [r for _, r in requests], files, params.repeat, run_dir, round_)
+        else:
+            run_sequential(inst, pair, requests, files, params.repeat, run_dir, round_)
         kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
         engines = {"target": pair.target, "draft": pair.draft_engine}
         return {"status": "ok", "kv_bytes": kv, "rss_before_models": before_models,
+                "kv_bytes_per_position": sum(e.kv_bytes() / e.n_ctx_alloc for e in engines.values() if e),
                 "memory": [b | {"model": role} for role, e in engines.items() if e for b in e.memory],
                 "flash_attn": {role: e.flash_attn for role, e in engines.items() if e},
                 "target_bytes": pair.target.path.stat().st_size,
@@ -91,6 +64,82 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
                 "wall_s": time.perf_counter() - t0}
     finally:
         pair.close()
+
+
+def run_sequential(inst: Instance, pair, requests: list, files: dict, repeat: int, run_dir: Path, round_: int) -> None:
+    """One request at a time; with a paired twin, alternating which of the two goes first."""
+    from harness.loop import generate
+    from harness.sampling import Policy
+    from harness.trace import TraceWriter
+    controllers = {}
+    # greedy speculative outputs are checked against plain greedy decoding: the paired twin, or else the
+    # baseline configuration's trace when it ran earlier in the sweep
+    check = inst.policy["temperature"] == 0 and not inst.baseline
+    plain_ref = plain_outputs(run_dir, inst, round_) if check and "baseline" not in files else {}
+    n = 0
+    for rep in range(repeat):
+        pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
+        for pr, req in requests:
+            gamma = inst.gamma
+            if inst.adaptive:
+                if pr.category not in controllers:
+                    ctx = len(req.tokens) + req.max_tokens / 2
+                    controllers[pr.category] = adaptive_controller(inst, pair, run_dir, ctx)
+                gamma = controllers[pr.category]
+            modes = list(files) if n % 2 == 0 else list(reversed(files))
+            n += 1
+            traces = {}
+            for mode in modes:
+                traces[mode] = tw = TraceWriter(files[mode], keep=check, config=inst.id, mode=mode,
+                                                category=pr.category, prompt_id=pr.id, repeat=rep)
+                spec = mode == "speculative"
+                generate(pair.target, req, pol, pair.proposer if spec else None, gamma if spec else 0, tw, mode,
+                         inst.verify)
+            if check:
+                plain = traces["baseline"].records[-1]["tokens"] if "baseline" in traces \
+                    else plain_ref.get((pr.id, rep))
+                if plain is not None:
+                    record_divergence(pair.target, req.tokens, traces["speculative"], plain)
+            for tw in traces.values():
+                tw.close()
+
+
+def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, run_dir: Path, round_: int) -> None:
+    """inst.parallel requests at a time, each category's apart (a batch holds one workload); with a paired twin,
+    the category's plain batch beside its speculative one, alternating which goes first."""
+    from harness.concurrency.loop import BatchedDraft, generate_concurrent
+    from harness.sampling import Policy
+    from harness.trace import TraceWriter
+    proposer = BatchedDraft(pair.draft_engine, inst.drafting) if pair.draft_engine else pair.proposer
+    check = inst.policy["temperature"] == 0 and not inst.baseline
+    plain_ref = plain_outputs(run_dir, inst, round_) if check and "baseline" not in files else {}
+    by_cat: dict[str, list] = {}
+    for r in requests:
+        by_cat.setdefault(r.category, []).append(r)
+    n = 0
+    for rep in range(repeat):
+        pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
+        for cat, reqs in by_cat.items():
+            modes = list(files) if n % 2 == 0 else list(reversed(files))
+            n += 1
+            traces = {}
+            for mode in modes:
+                traces[mode] = tw = TraceWriter(files[mode], keep=check, config=inst.id, mode=mode, category=cat,
+                                                repeat=rep)
+                spec = mode == "speculative"
+                generate_concurrent(pair.target, reqs, pol, inst.parallel, proposer if spec else None,
+                                    inst.gamma if spec else 0, tw, mode, inst.verify)
+            if check:
+                gens = {m: {r["prompt_id"]: r for r in t.records if r["type"] == "generation"}
+                        for m, t in traces.items()}
+                for req in reqs:
+                    plain = gens["baseline"][req.prompt_id]["tokens"] if "baseline" in gens \
+                        else plain_ref.get((req.prompt_id, rep))
+                    if plain is not None:
+                        steps = [r for r in traces["speculative"].records if r.get("prompt_id") == req.prompt_id]
+                        record_divergence(pair.target, req.tokens, traces["speculative"], plain, steps)
+            for tw in traces.values():
+                tw.close()
 
 
 def plain_outputs(run_dir: Path, inst: Instance, round_: int) -> dict[tuple[str, int], list[int]]:
@@ -104,19 +153,29 @@ def plain_outputs(run_dir: Path, inst: Instance, round_: int) -> dict[tuple[str,
     return {(r["prompt_id"], r["repeat"]): r["tokens"] for r in read_records(f) if r.get("type") == "generation"}
 
 
-def record_divergence(target, prompt: list[int], spec_trace, plain: list[int]) -> None:
+def record_divergence(target, prompt: list[int], spec_trace, plain: list[int],
+                      records: list[dict] | None = None) -> None:
     """Where a greedy speculative output left plain decoding, re-evaluate the target there both ways (harness.
-    divergence) and append what was found to the speculative trace."""
+    divergence) and append what was found to the speculative trace. records: the generation's own (its steps,
+    then its generation record), where the trace holds several generations."""
     from harness.divergence import blocks, kernel_check
-    found = kernel_check(target, prompt, spec_trace.records[-1]["tokens"], blocks(spec_trace.records), plain)
+    records = records or spec_trace.records
+    gen = [r for r in records if r.get("type") == "generation"][-1]
+    found = kernel_check(target, prompt, gen["tokens"], blocks(records), plain)
     if found is not None:
-        spec_trace.write({"type": "divergence", **found})
+        spec_trace.write({"type": "divergence", "prompt_id": gen["prompt_id"], **found})
 
 
-def measure_costs(pair, requests: list, k_max: int) -> dict:
-    """calibrate.in_situ over the requests' own text."""
+def measure_costs(pair, requests: list, k_max: int, parallel: int = 1) -> dict:
+    """calibrate.in_situ over the requests' own text. With N sequences a step's blocks hold every sequence's
+    tokens: the target's cost at 1..k_max and at N and N x k_max tokens, the draft's at 1..N rows."""
     from harness.calibrate import in_situ
-    return in_situ(pair.target, pair.draft_engine, [t for r in requests for t in r.tokens], k_max)
+    text = [t for r in requests for t in r.tokens]
+    if parallel == 1:
+        return in_situ(pair.target, pair.draft_engine, text, k_max)
+    ks = sorted({*range(1, k_max + 1), parallel, parallel * k_max // 2, parallel * k_max})
+    draft_ks = sorted({1, max(parallel // 2, 1), parallel, 2 * parallel})
+    return in_situ(pair.target, pair.draft_engine, text, max(ks + draft_ks), ks=ks, draft_ks=draft_ks)
 
 
 def warm_up(pair, tokens: list[int], gamma: int) -> None:

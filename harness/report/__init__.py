@@ -22,6 +22,7 @@ def reports_root(run_dir: Path) -> Path:
 
 def draw_plots(run_dir: Path, data: dict[str, pl.DataFrame]) -> None:
     from harness import plots
+    from harness.report import concurrency
     sweep = data.get("sweep")
     if not plots.available() or sweep is None or not len(sweep):
         return
@@ -34,6 +35,7 @@ def draw_plots(run_dir: Path, data: dict[str, pl.DataFrame]) -> None:
                                     if r["predicted"] is not None and r["speedup"]]
     plots.predicted_vs_measured(points, out)
     plots.calibration(run_dir, out)
+    concurrency.plot(data, out)
 
 
 def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> Path:

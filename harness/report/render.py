@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.analysis import verdict
-from harness.report import replayed, sections
+from harness.report import concurrency, replayed, sections
 from harness.report.fmt import ci, f, mib, table
 from harness.rundir import read_plan
 
@@ -26,7 +26,8 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
     else:
         # with a replay, the verdicts predicted from every prompt come first; the timed ones check them
         lines += replayed.sections(data, plan) + _verdicts(data.get("verdicts"), plan) + \
-            _verdict_plot(run_dir, rel) + sections.until_confident(plan, data.get("verdicts"))
+            _verdict_plot(run_dir, rel) + sections.until_confident(plan, data.get("verdicts")) + \
+            concurrency.section(data, run_dir, rel)
     lines += _machine(plan, rel)
     if sweep is not None and len(sweep):
         lines += sections.noise(data, plan) + sections.drift(sweep) + sections.per_category(sweep) + \

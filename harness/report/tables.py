@@ -9,6 +9,7 @@ import polars as pl
 
 from harness.analysis import metrics, verdict
 from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
+from harness.concurrency.figures import concurrency_frame
 from harness.report.costs import cost_model
 from harness.report.verdicts import noise_frame, verdicts
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records,
@@ -30,9 +31,10 @@ def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
                      "verify": inst.verify, "p_min": inst.p_min, "n_min": inst.n_min, "gamma": inst.gamma,
                      "adaptive": inst.adaptive, "gamma_label": inst.gamma_label,
                      "policy": Policy(**inst.policy).label, "ngl": inst.ngl, "ngl_draft": inst.ngl_draft,
-                     "threads": inst.threads, "status": res.get("status", "not run"),
+                     "threads": inst.threads, "parallel": inst.parallel, "status": res.get("status", "not run"),
                      "error": res.get("error", ""), "peak_rss_bytes": res.get("peak_rss_bytes"),
-                     "kv_bytes": res.get("kv_bytes"), "target_bytes": res.get("target_bytes"),
+                     "kv_bytes": res.get("kv_bytes"), "kv_bytes_per_position": res.get("kv_bytes_per_position"),
+                     "target_bytes": res.get("target_bytes"),
                      "draft_bytes": res.get("draft_bytes")} | memory_columns(res))
     return pl.DataFrame(rows, infer_schema_length=None)
 
@@ -77,7 +79,8 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     ok = ok_units(run_dir)
     records = load_records(run_dir, ok)
     steps, gens = metrics.frames(records)
-    p_steps, p_gens = metrics.frames(load_records(run_dir / PAIRED_DIR, ok))  # each with its configuration's id
+    p_records = load_records(run_dir / PAIRED_DIR, ok)  # each with its configuration's id
+    p_steps, p_gens = metrics.frames(p_records)
     out = {"configs": cfg, "units": units_frame(results)}
     if (run_dir / FIDELITY_FILE).exists():  # the targets against the first one, when a run sweeps several
         out["fidelity"] = pl.DataFrame(json.loads((run_dir / FIDELITY_FILE).read_text()), infer_schema_length=None)
@@ -134,7 +137,10 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     measured = {}
     for c in (records_of(records, "costs")):
         measured.setdefault(c["config"], c)
-    out |= cost_model(sweep, run_dir, measured)
+    out |= cost_model(sweep.filter(pl.col("parallel") == 1), run_dir, measured)
+    conc = concurrency_frame(sweep, records, p_records, base_configs(cfg))
+    if conc is not None:
+        out["concurrency"] = conc
     out |= replay_frames(run_dir, plan, sweep, gens, cfg)
     return out
 

@@ -1,0 +1,112 @@
+"""The report's section on concurrent requests: throughput and speedup against N, latency and acceptance, KV in
+use, and the batched cost model's prediction beside each measured speedup."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from harness.report.fmt import ci, f, mib, table
+
+KEYS = ["category", "policy", "parallel", "draft_label", "gamma_label"]
+
+
+def _frame(data: dict[str, pl.DataFrame]) -> pl.DataFrame | None:
+    conc, sweep = data.get("concurrency"), data.get("sweep")
+    if conc is None or sweep is None:
+        return None
+    cols = [*KEYS, "config", "draft", "speedup", "speedup_lo", "speedup_hi", "tokens_per_s", "acceptance_rate",
+            "mean_accepted_len", "alpha", "kv_bytes_per_position", "host_kv_bytes", "device_kv_bytes"]
+    return conc.join(sweep.select([c for c in cols if c in sweep.columns]), on=["config", "category"]).sort(
+        pl.col("policy") != "greedy", "category", "policy", "draft_label", "gamma_label", "parallel")
+
+
+def section(data: dict[str, pl.DataFrame], run_dir: Path, rel: Path) -> list[str]:
+    c = _frame(data)
+    if c is None or not len(c):
+        return []
+    spec = c.filter(pl.col("draft") != "none")
+    first = [[r["category"], r["policy"], r["parallel"], r["draft_label"], r["gamma_label"],
+              f(r["plain_total_tokens_per_s"], ".1f"), f(r["total_tokens_per_s"], ".1f"), f(r["tokens_per_s"], ".1f"),
+              ci(r["speedup"], r["speedup_lo"], r["speedup_hi"], unit="x"), f(r["predicted"], ".2f") + (
+                  "x" if r["predicted"] is not None else "")] for r in spec.iter_rows(named=True)]
+    second = [[r["category"], r["policy"], r["parallel"], r["draft_label"], r["gamma_label"],
+               f"{f(r['plain_latency_ms'], '.0f')} / {f(r['plain_latency_p95_ms'], '.0f')}",
+               f"{f(r['latency_ms'], '.0f')} / {f(r['latency_p95_ms'], '.0f')}",
+               f(r["acceptance_rate"], ".0%") + (f" ({r['acceptance_min']:.0%}-{r['acceptance_max']:.0%})"
+                                                 if r["acceptance_min"] is not None else ""),
+               f(r["mean_accepted_len"], ".2f"), f(r["alpha"], ".3f"), f(r["mean_active"], ".1f")]
+              for r in spec.iter_rows(named=True)]
+    out = ["## Concurrent requests", "",
+           "N requests of a category decode together in one context, each its own sequence, one llama_decode per "
+           "step for all of them (their verification blocks when speculating; the draft batched the same way); a "
+           "finished request frees its slot for the category's next. Total tok/s: every sequence's tokens over the "
+           "time spent in decode steps (prefill left out); per sequence: each request's tokens over the steps it "
+           "took part in. Speedup: each request's tokens per ms speculating against plain decoding at the same N, "
+           "prompt by prompt, with its 95% interval; predicted: the batched cost model (decode cost against the "
+           "batch's total tokens, measured in the worker) at the measured alpha and sequences in flight.", ""]
+    if not len(spec):
+        out += ["No speculative configuration ran with several requests at once.", ""]
+    else:
+        out += [table(first, ["category", "policy", "N", "draft", "gamma", "plain tok/s (total)",
+                              "spec tok/s (total)", "per sequence", "speedup [95% CI]", "predicted"]), "",
+                "Latency per request (ms, mean / p95, its prefill included) and acceptance (pooled; the range over "
+                "requests in brackets):", "",
+                table(second, ["category", "policy", "N", "draft", "gamma", "plain latency", "spec latency",
+                               "acceptance", "mean accepted", "alpha", "in flight"]), ""]
+    short = c.filter(pl.col("slots_used") < pl.col("parallel")).select("category", "parallel", "slots_used").unique(
+        maintain_order=True)
+    for r in short.iter_rows(named=True):
+        out.append(f"- {r['category']} at N = {r['parallel']}: the category has {r['slots_used']} prompt(s), so at "
+                   f"most {r['slots_used']} ran at once.")
+    if len(short):
+        out.append("")
+    out += _kv(c) + _plot(run_dir, rel)
+    return out
+
+
+def _kv(c: pl.DataFrame) -> list[str]:
+    """KV cells in use at the peak, per N: what the sequences held, at the configuration's bytes per cell."""
+    m = c.filter(pl.col("peak_positions").is_not_null()).group_by("parallel", "draft_label").agg(
+        pl.col("peak_positions").max(), pl.col("kv_bytes_per_position").first(),
+        pl.col("host_kv_bytes").first(), pl.col("device_kv_bytes").first()).sort("parallel", "draft_label")
+    rows = [[r["parallel"], r["draft_label"], r["peak_positions"],
+             mib(r["peak_positions"] * r["kv_bytes_per_position"]) if r["kv_bytes_per_position"] else "",
+             mib((r["host_kv_bytes"] or 0) + (r["device_kv_bytes"] or 0))] for r in m.iter_rows(named=True)]
+    return ["KV cache per N: the target's cells in use at the peak (every sequence's prompt and output so far, "
+            "and the step's blocks), their bytes for both models, and what llama.cpp allocated (n_ctx, shared "
+            "among the N sequences):", "",
+            table(rows, ["N", "draft", "cells in use (peak)", "KV in use", "KV allocated"]), ""]
+
+
+def _plot(run_dir: Path, rel: Path) -> list[str]:
+    p = run_dir / "plots" / "concurrency.png"
+    return [f"![Speedup against N]({rel / 'plots' / 'concurrency.png'})", ""] if p.exists() else []
+
+
+def plot(data: dict[str, pl.DataFrame], out: Path) -> Path | None:
+    """Speedup against N, a panel per policy, a line per category, draft and gamma (dashed: predicted)."""
+    from harness import plots
+    c = _frame(data)
+    if c is None:
+        return None
+    spec = c.filter((pl.col("draft") != "none") & pl.col("speedup").is_not_null())
+    if not len(spec):
+        return None
+    plt = plots._plt()
+    pols = spec["policy"].unique(maintain_order=True).to_list()
+    fig, axes = plt.subplots(1, len(pols), figsize=(5 * len(pols), 3.8), squeeze=False)
+    for ax, pol in zip(axes[0], pols):
+        for (cat, draft, g), line in spec.filter(pl.col("policy") == pol).group_by(
+                ["category", "draft_label", "gamma_label"], maintain_order=True):
+            line = line.sort("parallel")
+            drawn = ax.plot(line["parallel"], line["speedup"], marker="o",
+                            label=f"{cat} {draft.replace('qwen2.5-coder-', '')} g={g}")
+            ax.plot(line["parallel"], line["predicted"], linestyle="--", color=drawn[0].get_color(), linewidth=0.8)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(pol)
+        ax.set_xlabel("N (requests decoded together)")
+    axes[0][0].set_ylabel("speedup (dashed: predicted)")
+    axes[0][-1].legend(fontsize=6)
+    return plots.save(fig, out / "concurrency.png")
