@@ -190,7 +190,8 @@ def _run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path 
         label = f"drift/{inst.id}" if noise_to else unit_id(inst.id, r)  # the drift check feeds no verdict
         record_noise(noise_to or run_dir, {"unit": label, "config": None if noise_to else inst.id, "round": r} | rec)
         nz = unit_summary(rec)
-        what = "baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}"
+        what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
+            f" ({inst.setup})" if inst.setup else "")
         status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
         busy = f"; BUSY: other processes used {nz['foreign_max']:.0%} of the cores over {WINDOW_S} s" \
             if nz["busy"] else ""

@@ -198,10 +198,12 @@ def _memory_before_breakdown(sweep: pl.DataFrame) -> list[str]:
 def equivalence(eq: pl.DataFrame | None, cfg: pl.DataFrame) -> list[str]:
     if eq is None or not len(eq):
         return []
-    e = eq.join(cfg.select("config", "draft", "draft_label", "gamma", "gamma_label"), on="config")
-    rows = [[r["category"], r["draft_label"], r["gamma_label"], r["generations"], f(r["exact_match_pct"], ".0f") + "%",
-             r["kernel_near_ties"], r["mismatches"], r["unchecked"]]
-            for r in e.sort(["category", "draft", "gamma"]).iter_rows(named=True)]
+    e = eq.join(cfg.select("config", "draft", "draft_label", "gamma", "gamma_label", "setup"), on="config")
+    setups = (e["setup"] != "").any()  # a column only where some configuration has one (parallel N, KV types, ...)
+    rows = [[r["category"]] + ([r["setup"]] if setups else []) + [
+        r["draft_label"], r["gamma_label"], r["generations"], f(r["exact_match_pct"], ".0f") + "%",
+        r["kernel_near_ties"], r["mismatches"], r["unchecked"]]
+        for r in e.sort(["category", "setup", "draft", "gamma"]).iter_rows(named=True)]
     return ["## Output equivalence (greedy)", "",
             "Greedy speculative output against greedy plain decoding, token for token. At the first divergence the "
             "worker re-evaluated the target both ways, each path replayed as it ran: one token at a time (plain) "
@@ -210,8 +212,8 @@ def equivalence(eq: pl.DataFrame | None, cfg: pl.DataFrame) -> list[str]:
             "two logits were close). A mismatch: they agree, so the speculative output holds a token the target "
             "does not choose, a bug to investigate. Unchecked: no plain output was at hand when the "
             "configuration ran (a run without --paired whose baseline had not finished, or an older run).", "",
-            table(rows, ["category", "draft", "gamma", "generations", "exact match", "kernel near-ties",
-                          "mismatches", "unchecked"]), ""]
+            table(rows, ["category"] + (["setup"] if setups else []) + [
+                "draft", "gamma", "generations", "exact match", "kernel near-ties", "mismatches", "unchecked"]), ""]
 
 
 def per_category(sweep: pl.DataFrame) -> list[str]:
