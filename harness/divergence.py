@@ -6,7 +6,8 @@ between them. At the first divergence the target is re-evaluated both ways, each
 loop ran it (the plain one token at a time; the speculative one in blocks of the sizes its steps used, the
 block holding that position last): if the two argmaxes differ, the kernels explain the divergence (a kernel
 near-tie); if they agree, the speculative output holds a token the target does not choose (a mismatch: a bug
-to investigate)."""
+to investigate). Where several sequences decoded together, the batch's size picks the kernels: each replayed
+decode shares its batch with as many filler sequences as shared the step."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,9 +21,25 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def blocks(records: list[dict]) -> list[tuple[int, int]]:
-    """A generation's steps as (proposed, emitted), from its trace records: the block sizes to replay."""
-    return [(r["proposed"], r["emitted"]) for r in records if r.get("type") == "step"]
+def blocks(records: list[dict]) -> list[tuple[int, int, int]]:
+    """A generation's steps as (proposed, emitted, others), from its trace records: the block sizes to replay,
+    and how many other sequences shared the step's batch (0 when it decoded alone)."""
+    return [(r["proposed"], r["emitted"], r.get("active", 1) - 1) for r in records if r.get("type") == "step"]
+
+
+def _decode(engine, tokens: list[int], others: int) -> np.ndarray:
+    """All rows' logits of tokens appended to sequence 0, in a batch where `others` more sequences each decode
+    as many filler rows (removed again). llama.cpp splits a batch of several sequences into equal shares of
+    each, so this is the batch a step of equal blocks ran in, and the kernels its size picks."""
+    if not others:
+        return engine.decode(tokens, logits="all")
+    rows = [(0, engine.n_past + i, t, True) for i, t in enumerate(tokens)]
+    rows += [(seq, i, t, False) for seq in range(1, others + 1) for i, t in enumerate(tokens)]
+    logits = engine.decode_rows(rows)
+    engine.n_past += len(tokens)
+    for seq in range(1, others + 1):
+        engine.seq_trim(seq, 0)
+    return logits
 
 
 def margin(row: np.ndarray) -> float:
@@ -32,14 +49,16 @@ def margin(row: np.ndarray) -> float:
     return float(row[a] - second)
 
 
-def _plain_row(engine, prompt: list[int], out: list[int], at: int) -> np.ndarray:
-    """The target's logits for output position `at`, decoded one token at a time as plain decoding does."""
+def _plain_row(engine, prompt: list[int], out: list[int], at: int, others: list[int] | None = None) -> np.ndarray:
+    """The target's logits for output position `at`, decoded one token at a time as plain decoding does (others:
+    how many other sequences shared each plain step's batch)."""
     engine.reset()
     engine.decode(prompt[:-1], logits="none")
     ctx = [prompt[-1], *out[:at]]
-    for t in ctx[:-1]:
-        engine.decode([t], logits="all")
-    return np.array(engine.decode([ctx[-1]], logits="all")[0])
+    others = others or []
+    for i, t in enumerate(ctx[:-1]):
+        _decode(engine, [t], others[i] if i < len(others) else 0)
+    return np.array(_decode(engine, [ctx[-1]], others[at] if at < len(others) else 0)[0])
 
 
 def _block_row(engine, prompt: list[int], out: list[int], blocks: list[tuple[int, int]], at: int):
@@ -49,11 +68,11 @@ def _block_row(engine, prompt: list[int], out: list[int], blocks: list[tuple[int
     engine.reset()
     engine.decode(prompt[:-1], logits="none")
     pos = 0
-    for i, (proposed, emitted) in enumerate(blocks):
+    for i, (proposed, emitted, *others) in enumerate(blocks):
         fill = out[pos:pos + proposed]
         fill = fill + [fill[-1] if fill else prompt[-1]] * (proposed - len(fill))
         ctx_last = prompt[-1] if pos == 0 else out[pos - 1]
-        logits = engine.decode([ctx_last, *fill], logits="all")
+        logits = _decode(engine, [ctx_last, *fill], others[0] if others else 0)
         # a step covers the positions it emitted; the last one also the end-of-generation token it chose
         if pos <= at < pos + emitted + (i == len(blocks) - 1):
             return np.array(logits[at - pos]), proposed + 1
@@ -62,15 +81,15 @@ def _block_row(engine, prompt: list[int], out: list[int], blocks: list[tuple[int
     return None
 
 
-def kernel_check(engine, prompt: list[int], spec_out: list[int], blocks: list[tuple[int, int]],
-                 plain_out: list[int]) -> dict | None:
+def kernel_check(engine, prompt: list[int], spec_out: list[int], blocks: list[tuple], plain_out: list[int],
+                 plain_others: list[int] | None = None) -> dict | None:
     """Classify the first divergence of a greedy speculative output (spec_out, produced in steps of
-    (proposed, emitted) tokens) from plain greedy decoding (plain_out) of the same prompt on this engine's
-    model. None when the outputs are equal."""
+    (proposed, emitted[, other sequences]) tokens) from plain greedy decoding (plain_out; plain_others: the other
+    sequences in each of its steps) of the same prompt on this engine's model. None when the outputs are equal."""
     at = first_divergence(spec_out, plain_out)
     if at is None:
         return None
-    plain = _plain_row(engine, prompt, plain_out, at)
+    plain = _plain_row(engine, prompt, plain_out, at, plain_others)
     found = _block_row(engine, prompt, spec_out, blocks, at)
     engine.reset()
     rec = {"diverged_at": at, "margin": round(margin(plain), 5), "plain_argmax": int(np.argmax(plain))}

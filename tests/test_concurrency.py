@@ -201,3 +201,25 @@ def test_bench_traces_hold_each_batch_and_greedy_outputs_stay_lossless(parallel_
     assert all(b["requests"] == 3 and b["peak_positions"] > 0 and b["decode_ms"] <= b["wall_ms"] for b in batches)
     eq = md_table(md, "## Output equivalence (greedy)")
     assert eq and all(r["mismatches"] == "0" for r in eq)
+
+
+def test_a_divergence_in_a_batched_run_is_replayed_in_batches_of_the_same_sequences(engines):
+    """The kernel check replays each step beside as many filler sequences as shared it: equal outputs need no
+    check, and a token the target does not choose either way is still a mismatch."""
+    from harness.concurrency.loop import BatchedDraft
+    from harness.divergence import blocks, kernel_check
+    from harness.proposers import Drafting
+    from harness.sampling import Policy
+    target, draft = engines
+    reqs = requests(target.vocab)
+    _, spec = run_batch(target, reqs, Policy(), 3, BatchedDraft(draft, Drafting()), 3)
+    _, plain = run_batch(target, reqs, Policy(), 3, None, 0)
+    mine = [r for r in spec if r.get("prompt_id") == "1"]
+    steps = blocks(mine)
+    assert max(s[2] for s in steps) == 2  # two other sequences shared its steps
+    out = mine[-1]["tokens"]
+    others = [r["active"] - 1 for r in plain if r.get("prompt_id") == "1" and r["type"] == "step"]
+    assert kernel_check(target, reqs[1].tokens, out, steps, out, others) is None
+    forged = out[:2] + [(out[2] + 1) % target.n_vocab] + out[3:]
+    found = kernel_check(target, reqs[1].tokens, forged, steps, out, others)
+    assert found["kind"] == "mismatch" and found["diverged_at"] == 2 and found["plain_argmax"] == out[2]

@@ -130,14 +130,16 @@ def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, 
                 generate_concurrent(pair.target, reqs, pol, inst.parallel, proposer if spec else None,
                                     inst.gamma if spec else 0, tw, mode, inst.verify)
             if check:
-                gens = {m: {r["prompt_id"]: r for r in t.records if r["type"] == "generation"}
-                        for m, t in traces.items()}
                 for req in reqs:
-                    plain = gens["baseline"][req.prompt_id]["tokens"] if "baseline" in gens \
+                    mine = {m: [r for r in t.records if r.get("prompt_id") == req.prompt_id] for m, t in traces.items()}
+                    # the paired twin's steps say how many sequences shared each plain step; the baseline
+                    # configuration's output alone is replayed one sequence at a time
+                    plain = mine["baseline"][-1]["tokens"] if "baseline" in mine \
                         else plain_ref.get((req.prompt_id, rep))
+                    others = [r["active"] - 1 for r in mine.get("baseline", []) if r["type"] == "step"]
                     if plain is not None:
-                        steps = [r for r in traces["speculative"].records if r.get("prompt_id") == req.prompt_id]
-                        record_divergence(pair.target, req.tokens, traces["speculative"], plain, steps)
+                        record_divergence(pair.target, req.tokens, traces["speculative"], plain, mine["speculative"],
+                                          others)
             for tw in traces.values():
                 tw.close()
 
@@ -154,14 +156,15 @@ def plain_outputs(run_dir: Path, inst: Instance, round_: int) -> dict[tuple[str,
 
 
 def record_divergence(target, prompt: list[int], spec_trace, plain: list[int],
-                      records: list[dict] | None = None) -> None:
+                      records: list[dict] | None = None, plain_others: list[int] | None = None) -> None:
     """Where a greedy speculative output left plain decoding, re-evaluate the target there both ways (harness.
     divergence) and append what was found to the speculative trace. records: the generation's own (its steps,
-    then its generation record), where the trace holds several generations."""
+    then its generation record), where the trace holds several generations; plain_others: how many other
+    sequences shared each plain step."""
     from harness.divergence import blocks, kernel_check
     records = records or spec_trace.records
     gen = [r for r in records if r.get("type") == "generation"][-1]
-    found = kernel_check(target, prompt, gen["tokens"], blocks(records), plain)
+    found = kernel_check(target, prompt, gen["tokens"], blocks(records), plain, plain_others)
     if found is not None:
         spec_trace.write({"type": "divergence", "prompt_id": gen["prompt_id"], **found})
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import polars as pl
 
-TIDY_SCHEMA = 1
+TIDY_SCHEMA = 2  # 2: parallel
 FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")
-COLUMNS = ("target", "draft", "draft_label", "setup", "ngl", "ngl_draft", "threads", "gamma", "adaptive", "verify",
-           "p_min", "policy", "category", "prompts", "tokens_per_s", "ref_tokens_per_s", *(
+COLUMNS = ("target", "draft", "draft_label", "setup", "parallel", "ngl", "ngl_draft", "threads", "gamma", "adaptive",
+           "verify", "p_min", "policy", "category", "prompts", "tokens_per_s", "ref_tokens_per_s", *(
                f"{x}{s}" for x in FIGURES for s in ("", "_lo", "_hi")), "peak_rss_bytes", "kv_bytes")
 
 
