@@ -21,17 +21,16 @@ def cal_path(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> P
     return root / f"{model_name}-t{threads}-ngl{ngl}.json"
 
 
-def time_blocks(e: Engine, n_keep: int, block: list[int], ks: int | list[int], reps: int, logits: str) -> list[float]:
-    """Median ms of decoding block[:k] after n_keep cached tokens, for each k in ks (an int: 1..ks), the k
-    interleaved within each repetition so that a slow spell of the machine does not land on one k."""
-    ks = list(range(1, ks + 1)) if isinstance(ks, int) else ks
-    times: list[list[float]] = [[] for _ in ks]
+def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int, logits: str) -> list[float]:
+    """Median ms of decoding block[:k] after n_keep cached tokens, k = 1..k_max, the k interleaved within each
+    repetition so that a slow spell of the machine does not land on one k."""
+    times: list[list[float]] = [[] for _ in range(k_max)]
     for _ in range(reps):
-        for i, k in enumerate(ks):
+        for k in range(1, k_max + 1):
             e.trim(n_keep)
             t = time.perf_counter()
             e.decode(block[:k], logits=logits)
-            times[i].append((time.perf_counter() - t) * 1000)
+            times[k - 1].append((time.perf_counter() - t) * 1000)
     e.trim(n_keep)
     return [statistics.median(t) for t in times]
 
@@ -68,30 +67,25 @@ def _sha256(m) -> str:
 
 
 def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max: int,
-            contexts: tuple[int, ...] = CONTEXTS, reps: int = 3, ks: list[int] | None = None,
-            draft_ks: list[int] | None = None) -> dict:
+            contexts: tuple[int, ...] = CONTEXTS, reps: int = 3) -> dict:
     """The decode costs a worker's rows will pay, measured in the worker seconds before them: the target's
     verification blocks (all logits) and the draft's decodes (last logits) of k = 1..k_max tokens, after each
-    of `contexts` cached tokens of real prompt text (interpolated to each row's own context). ks/draft_ks: only
-    these block sizes (recorded as "ks"/"draft_ks"; the draft's with all logits: one row per sequence, as a batched
-    draft decodes), for concurrent requests, whose blocks hold every sequence's tokens. A calibration
+    of `contexts` cached tokens of real prompt text (interpolated to each row's own context). A calibration
     taken minutes earlier can be stale: on a 2-core VM the batched decodes slowed by 13% relative to
     single-token ones between the run's calibration and its sweep."""
     engines = [e for e in (target, draft) if e is not None]
     room = min(e.n_ctx for e in engines) - k_max - 2
     ctxs = [c for c in contexts if c <= room] or [room]
     filler = (text * (ctxs[-1] // max(len(text), 1) + 1))[:ctxs[-1]]
-    out = {"type": "costs", "contexts": ctxs, "k": k_max} | ({"ks": ks} if ks else {}) | (
-        {"draft_ks": draft_ks} if draft_ks else {})
-    for role, e, logits, sizes in (("target_ms_by_context", target, "all", ks or k_max),
-                                   ("draft_ms_by_context", draft, "all" if draft_ks else "last", draft_ks or k_max)):
+    out = {"type": "costs", "contexts": ctxs, "k": k_max}
+    for role, e, logits in (("target_ms_by_context", target, "all"), ("draft_ms_by_context", draft, "last")):
         if e is None:
             continue
         out[role] = []
         for c in ctxs:
             e.reset()
             e.decode(filler[:c], logits="none")
-            out[role].append([round(x, 3) for x in time_blocks(e, c, filler[c - k_max:c], sizes, reps, logits)])
+            out[role].append([round(x, 3) for x in time_blocks(e, c, filler[c - k_max:c], k_max, reps, logits)])
         e.reset()
     return out
 

@@ -13,46 +13,62 @@ T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
 
 
-def linear(fixed: float, per_token: float, k_max: int = 64) -> tuple:
-    ks = (1, 2, 4, 8, 16, 32, k_max)
-    return ks, tuple(fixed + per_token * k for k in ks)
+def costs(per_seq: float, fixed: float = 40.0, draft_share: float = 0.25, gamma: int = 4,
+          counts=(1, 2, 4, 8, 16, 32, 64)) -> BatchCosts:
+    """Reading the weights costs `fixed` ms whatever the batch (memory-bound); each token per_seq ms more."""
+    return BatchCosts(counts, tuple(fixed + per_seq * m for m in counts),
+                      tuple(fixed + per_seq * m * (gamma + 1) for m in counts),
+                      tuple(draft_share * (fixed + per_seq * m) for m in counts))
 
 
-def test_batch_costs_interpolate_between_sizes_and_scale_beyond():
-    c = BatchCosts((1, 4, 8), (10.0, 16.0, 20.0), (1, 2), (2.0, 3.0))
-    assert c.target(1) == 10 and c.target(6) == pytest.approx(18.0) and c.target(16) == pytest.approx(40.0)
-    assert c.draft(2) == 3.0 and BatchCosts((1,), (5.0,)).draft(3) == 0.0  # a lookup has no draft cost
-    # gamma 2, all proposing: two draft decodes of 4 rows, one verification of 4 x 3 tokens
-    assert step_ms(c, 4, 2, overhead_ms=1.0) == pytest.approx(2 * c.draft(4) + c.target(12) + 1.0)
-    assert step_ms(c, 4, 0) == c.target(4)
+def test_batch_costs_interpolate_between_counts_and_scale_beyond():
+    c = BatchCosts((1, 4, 8), (10.0, 16.0, 20.0), (20.0, 40.0, 60.0), (2.0, 3.0, 4.0))
+    assert c.plain(1) == 10 and c.plain(6) == pytest.approx(18.0) and c.plain(16) == pytest.approx(40.0)
+    assert c.verify(2) == pytest.approx(26.667, abs=1e-3) and c.draft(8) == 4.0
+    assert BatchCosts((1,), (5.0,), (9.0,)).draft(3) == 0.0  # a lookup has no draft cost
+    # gamma 3, all proposing: three draft decodes of 4 rows, one verification of 4 blocks
+    assert step_ms(c, 4, 3, overhead_ms=1.0) == pytest.approx(3 * 3.0 + 40.0 + 1.0)
+    assert step_ms(c, 4, 0) == 16.0 and step_ms(c, 4, 3, share=0.0) == 16.0
+    assert step_ms(c, 4, 3, share=0.5) == pytest.approx(9.0 + 20.0 + 8.0)
 
 
 def test_speculation_gains_while_a_step_is_memory_bound_and_loses_once_compute_fills_the_batch():
-    # reading the weights costs 40 ms whatever the batch (memory-bound); each token 1 ms more (compute)
-    ks, ms = linear(40.0, 1.0, 512)
-    c = BatchCosts(ks, ms, ks, tuple(x / 10 for x in ms))
-    gains = [predicted_speedup(0.8, 4, c, n) for n in (1, 2, 4, 8, 16, 32, 64)]
+    c = costs(1.0)
+    gains = [predicted_speedup(0.8, 4, c, n, c.plain(n)) for n in (1, 2, 4, 8, 16, 32, 64)]
     assert gains[0] > 1.5 and gains == sorted(gains, reverse=True) and gains[-1] < 1
-    # and the plain step's cost grows with n, so the plain throughput per step does too
-    assert step_ms(c, 8, 0) / 8 < step_ms(c, 1, 0)
+    assert c.plain(8) / 8 < c.plain(1)  # and plain decoding's throughput grows with n
 
 
 def test_a_lookup_that_rarely_proposes_costs_only_the_steps_that_do():
-    ks, ms = linear(10.0, 2.0)
-    c = BatchCosts(ks, ms)
-    assert predicted_speedup(1.0, 3, c, 2, share=0.0) == pytest.approx(1.0)
-    assert predicted_speedup(1.0, 3, c, 2, share=0.5) > 1.0
+    c = costs(2.0, fixed=10.0, draft_share=0.0, gamma=3)
+    assert predicted_speedup(1.0, 3, c, 2, c.plain(2), share=0.0) == pytest.approx(1.0)
+    assert predicted_speedup(1.0, 3, c, 2, c.plain(2), share=0.5) > 1.0
 
 
-def test_worker_costs_record_with_sparse_sizes_reads_at_a_context():
-    rec = {"contexts": [128, 1024], "k": 40, "ks": [1, 2, 5, 8, 40], "draft_ks": [1, 8],
-           "target_ms_by_context": [[10, 12, 15, 18, 60], [20, 22, 25, 28, 70]],
+def test_costs_records_measured_with_sequences_or_as_single_sequence_blocks():
+    rec = {"type": "costs", "seqs": [1, 2, 4], "context": 128, "plain_ms": [10, 12, 15], "verify_ms": [20, 30, 50],
+           "draft_ms": [3, 4, 6]}
+    c = from_record(rec, 500, 3, 4)
+    assert c.seqs == (1, 2, 4) and c.verify(3) == 40 and c.draft(4) == 6
+    # a run from before: one sequence's blocks of k tokens, at two contexts, priced at 1 and N sequences
+    old = {"contexts": [128, 1024], "k": 16, "ks": [1, 2, 4, 8, 16], "draft_ks": [1, 4],
+           "target_ms_by_context": [[10, 12, 15, 18, 30], [20, 22, 25, 28, 40]],
            "draft_ms_by_context": [[2, 4], [4, 6]]}
-    c = from_record(rec, 576)
-    assert c.target_k == (1, 2, 5, 8, 40) and c.target(1) == pytest.approx(15) and c.target(40) == pytest.approx(65)
-    assert c.draft(8) == pytest.approx(5)
-    old = from_record({"contexts": [128], "k": 2, "target_ms_by_context": [[10, 12]]}, 500)  # a sequential worker's
-    assert old.target_k == (1, 2) and old.draft_k == ()
+    c = from_record(old, 576, 3, 4)
+    assert c.seqs == (1, 4) and c.plain(1) == pytest.approx(15) and c.verify(1) == pytest.approx(20)
+    assert c.verify(4) == pytest.approx(35) and c.draft(4) == pytest.approx(5)
+    seq = from_record({"contexts": [128], "k": 4, "target_ms_by_context": [[10, 12, 14, 16]]}, 500, 3, 1)
+    assert seq.seqs == (1,) and (seq.plain(1), seq.verify(1)) == (10, 16) and seq.draft_ms == ()
+
+
+def test_batched_costs_are_measured_with_real_sequences(engines):
+    from harness.concurrency.calibrate import batched_costs, sequence_counts
+    assert sequence_counts(8) == [1, 2, 4, 8] and sequence_counts(6) == [1, 2, 4, 6] and sequence_counts(1) == [1]
+    target, draft = engines
+    rec = batched_costs(target, draft, target.vocab.tokenize("The quick brown fox jumps over the lazy dog."), 3, 2,
+                        context=32, reps=1)
+    assert rec["seqs"] == [1, 2, 3] and rec["context"] == 32
+    assert all(len(rec[k]) == 3 and all(x > 0 for x in rec[k]) for k in ("plain_ms", "verify_ms", "draft_ms"))
 
 
 def test_parallel_is_swept_labelled_and_keeps_single_sequence_ids():

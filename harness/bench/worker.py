@@ -170,15 +170,14 @@ def record_divergence(target, prompt: list[int], spec_trace, plain: list[int],
 
 
 def measure_costs(pair, requests: list, k_max: int, parallel: int = 1) -> dict:
-    """calibrate.in_situ over the requests' own text. With N sequences a step's blocks hold every sequence's
-    tokens: the target's cost at 1..k_max and at N and N x k_max tokens, the draft's at 1..N rows."""
-    from harness.calibrate import in_situ
+    """The decode costs over the requests' own text: calibrate.in_situ for one sequence at a time; with several,
+    batches of 1, 2, 4, ... N sequences (concurrency.calibrate)."""
     text = [t for r in requests for t in r.tokens]
-    if parallel == 1:
-        return in_situ(pair.target, pair.draft_engine, text, k_max)
-    ks = sorted({*range(1, k_max + 1), parallel, parallel * k_max // 2, parallel * k_max})
-    draft_ks = sorted({1, max(parallel // 2, 1), parallel, 2 * parallel})
-    return in_situ(pair.target, pair.draft_engine, text, max(ks + draft_ks), ks=ks, draft_ks=draft_ks)
+    if parallel > 1:
+        from harness.concurrency.calibrate import batched_costs
+        return batched_costs(pair.target, pair.draft_engine, text, parallel, k_max - 1)
+    from harness.calibrate import in_situ
+    return in_situ(pair.target, pair.draft_engine, text, k_max)
 
 
 def warm_up(pair, tokens: list[int], gamma: int) -> None:

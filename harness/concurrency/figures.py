@@ -32,6 +32,7 @@ def _decode(gens: list[dict], batches: list[dict]) -> dict:
     lat = np.array([g["latency_ms"] for g in gens])
     steps = sum(b["steps"] for b in batches)
     return {"total_tokens_per_s": tokens / ms * 1e3 if ms > 0 else None,
+            "step_ms": ms / (steps or sum(g["steps"] for g in gens) or 1),
             "latency_ms": float(lat.mean()), "latency_p95_ms": float(np.quantile(lat, 0.95)),
             "mean_active": sum(b["mean_active"] * b["steps"] for b in batches) / steps if steps else 1.0,
             "peak_positions": max((b["peak_positions"] for b in batches),
@@ -81,16 +82,13 @@ def concurrency_frame(sweep: pl.DataFrame, records: list[dict], paired: list[dic
                                                                      "latency_p95_ms", "mean_active")}
         lo, hi = _per_request_acceptance(steps[own]) if spec else (None, None)
         out |= {"acceptance_min": lo, "acceptance_max": hi, "predicted": None, "predicted_step_ms": None,
-                "measured_step_ms": None}
+                "step_ms": mine.get("step_ms"), "plain_step_ms": plain.get("step_ms")}
         if spec and cfg in costs and r["alpha"] is not None and mine and plain:
-            c = from_record(costs[cfg], r["context"])
+            c = from_record(costs[cfg], r["context"], r["gamma"], r["parallel"])
             share = r["verify_steps"] / r["target_calls"] if r["target_calls"] else 1.0
-            oh, p_oh = _step_overhead(steps[own]), _step_overhead(src[2][ref])
-            out["predicted"] = predicted_speedup(r["alpha"], r["gamma"], c, mine["mean_active"],
-                                                 plain["mean_active"], oh, p_oh, share)
+            oh = _step_overhead(steps[own])
+            out["predicted"] = predicted_speedup(r["alpha"], r["gamma"], c, mine["mean_active"], plain["step_ms"],
+                                                 oh, share)
             out["predicted_step_ms"] = step_ms(c, mine["mean_active"], r["gamma"], oh, share)
-            batch_steps = sum(b["steps"] for b in batches[own]) or r["target_calls"]
-            out["measured_step_ms"] = (sum(b["decode_ms"] for b in batches[own]) / batch_steps if batches[own]
-                                       else r["step_ms"])
         rows.append(out)
     return pl.DataFrame(rows, infer_schema_length=None)

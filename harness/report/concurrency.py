@@ -43,8 +43,10 @@ def section(data: dict[str, pl.DataFrame], run_dir: Path, rel: Path) -> list[str
            "finished request frees its slot for the category's next. Total tok/s: every sequence's tokens over the "
            "time spent in decode steps (prefill left out); per sequence: each request's tokens over the steps it "
            "took part in. Speedup: each request's tokens per ms speculating against plain decoding at the same N, "
-           "prompt by prompt, with its 95% interval; predicted: the batched cost model (decode cost against the "
-           "batch's total tokens, measured in the worker) at the measured alpha and sequences in flight.", ""]
+           "prompt by prompt, with its 95% interval; predicted: the batched cost model at the measured alpha and "
+           "sequences in flight, its speculative step priced from the decode costs the worker measured with 1, 2, "
+           "4, ... N sequences of its own context (gamma draft decodes and one verification of every block), "
+           "against the plain step as the plain twins ran it.", ""]
     if not len(spec):
         out += ["No speculative configuration ran with several requests at once.", ""]
     else:
