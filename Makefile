@@ -61,3 +61,4 @@ clean-models:
 bench-engine: setup models
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_check_speed.py
+	$(PY) benchmarks/bench_batch_split.py

@@ -131,6 +131,7 @@ class EngineConfig:
     flash_attn: str = "auto"
     n_ubatch: int = 0  # 0: n_batch
     n_seq: int = 1  # sequences decoded together (llama-server's -np): each gets n_ctx / n_seq positions
+    kv_unified: bool = False  # one KV buffer shared by the sequences (llama-server's -kvu); else one per sequence
 
     def __post_init__(self):
         for what, v in (("K", self.cache_k), ("V", self.cache_v)):
@@ -291,7 +292,7 @@ class Engine:
             cp.n_batch = cfg.n_batch
             cp.n_ubatch = cfg.ubatch
             cp.n_seq_max = cfg.n_seq
-            cp.kv_unified = False  # each sequence attends to its own cells only, as llama.cpp advises for n_seq > 1
+            cp.kv_unified = cfg.kv_unified
             cp.n_threads = cp.n_threads_batch = cfg.resolved_threads()
             cp.no_perf = False
             cp.type_k, cp.type_v = int(cache_type(cfg.cache_k)), int(cache_type(cfg.cache_v))
