@@ -66,8 +66,16 @@ def _sha256(m) -> str:
     return read_sidecar(m.path).get("sha256") or m.sha256 or ""
 
 
+def spanned_contexts(prompt_lens: list[int], ends: list[int], k_max: int) -> tuple[int, ...]:
+    """Where a unit's rows decode: from its shortest prompt to its longest generation's end. Costs measured
+    there are interpolated, never extrapolated, and a unit of short prompts does not pay a long prefill."""
+    lo = max(min(prompt_lens), k_max)
+    hi = max(max(ends), lo)
+    return (lo,) if hi - lo < 16 else (lo, hi)
+
+
 def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max: int,
-            contexts: tuple[int, ...] = CONTEXTS, reps: int = 3) -> dict:
+            contexts: tuple[int, ...], reps: int = 3) -> dict:
     """The decode costs a worker's rows will pay, measured in the worker seconds before them: the target's
     verification blocks (all logits) and the draft's decodes (last logits) of k = 1..k_max tokens, after each
     of `contexts` cached tokens of real prompt text (interpolated to each row's own context). A calibration

@@ -214,10 +214,11 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, **opts
     from harness import prompts as prompts_mod
     from harness.bench.run import command_line, run_bench
     from harness.plan import Params, load_profile, make_params
+    command = command_line(click.get_current_context().obj["argv"])
     if resume:
         if not Path(resume).is_dir():
             raise HarnessError(f"--resume {resume}: no such run directory")
-        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command_line(), allow_busy,
+        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command, allow_busy,
                   rerun_busy)
         return
     if rerun_busy:
@@ -225,7 +226,7 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, **opts
     params = make_params(load_profile(profile) if profile else {}, opts)
     prompts = prompts_mod.load(params.categories or None, [Path(p) for p in params.prompts] or None,
                                params.per_category)
-    run_bench(params, prompts, Path(out), None, skip_unsupported, command_line(), allow_busy)
+    run_bench(params, prompts, Path(out), None, skip_unsupported, command, allow_busy)
 
 
 @cli.command()
@@ -251,6 +252,19 @@ def report(run_dir, formats, check_only):
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
     md = report_mod.write_reports(rd, fmts)
     click.echo(str(md) if "md" in fmts else str(rd))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+def archive(run_dir):
+    """Make a finished RUN_DIR small enough to commit: gzip its traces, drop what `harness report` makes again
+    (the exports, every plot but the first screen's), then check the report against the traces."""
+    from pathlib import Path
+
+    from harness.report.archive import archive_command
+    if not Path(run_dir).is_dir():
+        raise HarnessError(f"{run_dir}: no such run directory")
+    click.echo(archive_command(Path(run_dir)))
 
 
 @cli.command()
@@ -309,9 +323,13 @@ def predict(run_dir, cal_paths, against, out):
     click.echo(str(predict_command(run_dir, list(cal_paths), against, out)))
 
 
-def main():
+def main(argv: list[str] | None = None):
+    """The console script; also callable in-process with argv (the tests do), exiting through SystemExit."""
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        cli.main(prog_name="harness", standalone_mode=False)
+        rc = cli.main(args=args, prog_name="harness", standalone_mode=False, obj={"argv": args})
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except HarnessError as e:
         click.echo(f"harness: error: {e}", err=True)
         sys.exit(e.exit_code)

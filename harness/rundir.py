@@ -6,7 +6,8 @@ its worker) and replay/ (the drafts teacher-forced along the baselines' outputs,
 
 A unit of work is one configuration over one round of prompts: round 0 is the plan's prompt set, later rounds
 are the prompts `--until-confident` added. A unit's id is its configuration's id, with ".rK" for round K > 0;
-its traces are traces/<unit>.jsonl."""
+its traces are traces/<unit>.jsonl, or traces/<unit>.jsonl.gz once `harness archive` has gzipped a finished run's
+(results.jsonl, noise.jsonl and plan.json stay plain). Every reader finds a trace through trace_file."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.trace import append_record, read_records, repair
+from harness.trace import append_record, gzipped, read_records, repair
 
 DRIFT_DIR = "drift"
 PAIRED_DIR = "paired"
@@ -24,6 +25,7 @@ RUN_SCHEMA = 2
 FIDELITY_FILE = "fidelity.json"  # a sweep of several targets: each against the first (harness.fidelity)
 REPLAY_DIR = "replay"  # the replay of each baseline unit's outputs (bench.replay), with its own results.jsonl
 RUNS_DIR = "runs"  # under the reports directory
+TRACES_DIR = "traces"  # in the run directory and in each side run (drift/, paired/, replay/)
 
 
 def new_run_dir(root: Path) -> Path:
@@ -102,10 +104,48 @@ def ok_units(run_dir: Path) -> set[str]:
     return {u for u, r in finished(run_dir).items() if r.get("status") == "ok"}
 
 
+def trace_path(run_dir: Path, unit: str) -> Path:
+    """Where a unit's trace is written, in run_dir or a side run's directory."""
+    return run_dir / TRACES_DIR / f"{unit}.jsonl"
+
+
+def trace_file(run_dir: Path, unit: str) -> Path | None:
+    """A unit's trace in run_dir (or a side run's directory), plain or gzipped; None if it has none. Both exist
+    only when an archive was stopped between writing the gzipped copy and removing the plain one, which holds
+    the same records: the plain one is read."""
+    plain = trace_path(run_dir, unit)
+    return next((f for f in (plain, gzipped(plain)) if f.exists()), None)
+
+
+def trace_files(run_dir: Path) -> list[Path]:
+    """Every trace file of the run, its own and its side runs', in either form."""
+    return sorted(f for d in (run_dir, *(run_dir / s for s in (DRIFT_DIR, PAIRED_DIR, REPLAY_DIR)))
+                  for f in (d / TRACES_DIR).glob("*.jsonl*") if f.name.endswith((".jsonl", ".jsonl.gz")))
+
+
 def load_records(run_dir: Path, units: set[str]) -> list[dict]:
     """Trace records of the given units (a worker killed midway leaves a partial trace: not counted)."""
-    return [r for u in sorted(units) if (run_dir / "traces" / f"{u}.jsonl").exists()
-            for r in read_records(run_dir / "traces" / f"{u}.jsonl")]
+    return [r for u in sorted(units) if (f := trace_file(run_dir, u)) for r in read_records(f)]
+
+
+def unfinished(run_dir: Path, plan: dict) -> list[str]:
+    """What a run still lacks (empty once bench has finished it): units of the plan without a result line, a
+    timed subset not chosen yet, an --until-confident loop that was interrupted or is still going."""
+    from harness.plan import Instance
+    done = finished(run_dir)
+    timed = plan.get("timed")
+    subset = plan.get("params", {}).get("timed_subset")
+    out = [] if not subset or timed is not None else ["the timed subset"]
+    for r, _ in enumerate(plan_rounds(plan)):
+        for inst in (Instance(**d) for d in plan["instances"]):
+            if subset and not inst.baseline and inst.id not in (timed or {}):
+                continue  # timed only if the replay chose it
+            if unit_id(inst.id, r) not in done:
+                out.append(unit_id(inst.id, r))
+    if plan.get("params", {}).get("until_confident") and (plan.get("until_confident") or {}).get("stopped") \
+            in (None, "interrupted"):
+        out.append("the --until-confident rounds")
+    return out
 
 
 NOISE_FILE = "noise.jsonl"

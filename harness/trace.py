@@ -1,7 +1,10 @@
-"""Traces: one JSON object per line, appended as it happens; the only input metrics are computed from."""
+"""Traces: one JSON object per line, appended as it happens; the only input metrics are computed from. A finished
+run's traces may be gzipped (`harness archive`): x.jsonl becomes x.jsonl.gz, and every reader takes either."""
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -65,13 +68,55 @@ def repair(path: Path) -> bool:
     return True
 
 
+GZ = ".gz"
+
+
+def gzipped(path: Path) -> Path:
+    """Where the trace `path` is once compressed: x.jsonl -> x.jsonl.gz."""
+    return path.with_name(path.name + GZ)
+
+
+def discard(path: Path) -> None:
+    """Remove a trace in either form (a rerun starts its trace afresh)."""
+    path.unlink(missing_ok=True)
+    gzipped(path).unlink(missing_ok=True)
+
+
 def read_records(path: Path) -> list[dict]:
-    """Every complete line; a line cut short by a kill at the end of the file is skipped."""
+    """Every complete line of a JSONL file, plain or gzipped (by its name); a line cut short by a kill at the end
+    of the file is skipped."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(GZ)
+              else open(path, encoding="utf-8")) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise HarnessError(f"{path} is damaged ({e}): it does not decompress; restore it from git") from None
+    return out
+
+
+def compress(path: Path) -> Path:
+    """Gzip a finished trace beside itself, reproducibly (no time stamp, no name in the header: the same trace
+    gives the same bytes), and remove the plain file once the gzipped one reads back byte for byte."""
+    data = path.read_bytes()
+    out = gzipped(path)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+    if gzip.decompress(tmp.read_bytes()) != data:
+        tmp.unlink()
+        raise HarnessError(f"gzipping {path} did not read back the same bytes; the plain trace is kept")
+    tmp.replace(out)
+    path.unlink()
+    return out
+
+
+def decompress(path: Path) -> Path:
+    """The reverse of compress: x.jsonl.gz back to x.jsonl."""
+    out = path.with_name(path.name.removesuffix(GZ))
+    out.write_bytes(gzip.decompress(path.read_bytes()))
+    path.unlink()
     return out

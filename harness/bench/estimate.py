@@ -86,13 +86,15 @@ def replay_s(bases: list[Instance], prompts: list, models: list[str], gamma_max:
              run_dir: Path, measured: dict | None = None) -> float:
     """Seconds for the replay of each baseline: per prompt, the target's teacher-forced pass (sampling only) and
     each draft model's (greedy: a token at a time, as the loop decodes; sampling: batched); beside them, each
-    model's decode costs at the two in-situ contexts (3 repetitions of k = 1..gamma_max + 1)."""
-    from harness.calibrate import CONTEXTS
+    model's decode costs where its rows decode (calibrate.spanned_contexts; 3 repetitions of k = 1..gamma_max + 1)."""
+    from harness.calibrate import spanned_contexts
     from harness.engine import EngineConfig
     from harness.sampling import Policy
     measured = {} if measured is None else measured
     n_tok, n_prompt = _sizes(prompts, max_tokens, 1)
-    in_situ = sum(CONTEXTS) * PROMPT_EVAL_SHARE + len(CONTEXTS) * 3 * sum(1 + k / 3 for k in range(gamma_max + 1))
+    lens = [_sizes([p], max_tokens, 1) for p in prompts]
+    ctxs = spanned_contexts([n for _, n in lens], [n + t for t, n in lens], gamma_max + 1) if prompts else ()
+    in_situ = sum(ctxs) * PROMPT_EVAL_SHARE + len(ctxs) * 3 * sum(1 + k / 3 for k in range(gamma_max + 1))
     total = 0.0
     for base in bases:
         greedy = Policy(**base.policy).greedy

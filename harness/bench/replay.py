@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.bench.worker import isolated_unit, record_attempt
 from harness.plan import Instance, Params
-from harness.rundir import REPLAY_DIR, load_records, unit_id
+from harness.rundir import REPLAY_DIR, load_records, trace_path, unit_id
 
 KIND = "replay"
 
@@ -23,11 +23,11 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                 run_dir: Path) -> dict:
     import numpy as np
 
-    from harness.calibrate import in_situ
+    from harness.calibrate import in_situ, spanned_contexts
     from harness.engine import Engine, teacher_forced
     from harness.pair import parse_ngram
     from harness.sampling import Policy, process
-    from harness.trace import TraceWriter
+    from harness.trace import TraceWriter, discard
     from harness.verify import overlap
 
     t0 = time.perf_counter()
@@ -43,16 +43,16 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                         cache_v=params.cache_type_v_draft[0])
     from harness.models.catalog import resolve
     models = [p for p in proposers if parse_ngram(p) is None]
-    out_file = run_dir / REPLAY_DIR / "traces" / f"{unit}.jsonl"
+    out_file = trace_path(run_dir / REPLAY_DIR, unit)
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.unlink(missing_ok=True)
+    discard(out_file)
     tw = TraceWriter(out_file, config=base.id, mode=KIND, policy=policy.label)
     engines = {}
     try:
         target = engines["target"] = Engine(resolve(base.target).path, cfg)
         for m in models:
             engines[m] = Engine(resolve(m).path, draft_cfg)
-        texts = []
+        texts, ends = [], []
         for pr in prompts:
             g = gens.get(pr.id)
             if g is None:
@@ -62,6 +62,7 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
             out = list(g["tokens"])
             forced = [*out, g["stop_token"]] if eos else out  # rows predict positions 0..n-1 (and n)
             texts.append(toks)
+            ends.append(len(toks) + len(out))
             common = {"category": pr.category, "prompt_id": pr.id, "repeat": 0}
             tw.write({"type": "replay_prompt", **common, "prompt_tokens": toks, "tokens": out,
                       "stop_token": g["stop_token"] if eos else None, "max_tokens": params.max_tokens or pr.max_tokens})
@@ -93,9 +94,10 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                     tw.write(rec)
         if texts:  # costs over the prompts' own text at a short and a long context (interpolated per category)
             text = [t for x in texts for t in x]
-            t = in_situ(target, None, text, gamma_max + 1)
+            ctxs = spanned_contexts([len(x) for x in texts], ends, gamma_max + 1)
+            t = in_situ(target, None, text, gamma_max + 1, ctxs)
             for name in proposers:
-                d = in_situ(None, engines[name], text, gamma_max + 1)["draft_ms_by_context"] if name in engines \
+                d = in_situ(None, engines[name], text, gamma_max + 1, ctxs)["draft_ms_by_context"] if name in engines \
                     else [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(t["contexts"])  # a lookup's own time
                 tw.write(t | {"proposer": name, "draft_ms_by_context": d, "overhead_ms": overhead})
         return {"status": "ok", "prompts": len(texts), "wall_s": time.perf_counter() - t0}

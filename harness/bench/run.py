@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -282,5 +281,5 @@ def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, 
         _run_units(todo, params, d, noise_to=run_dir)
 
 
-def command_line() -> str:
-    return "harness " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+def command_line(argv: list[str]) -> str:
+    return "harness " + " ".join(shlex.quote(a) for a in argv)

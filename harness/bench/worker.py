@@ -11,7 +11,7 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.procs import death, peak_rss_bytes, rss_bytes_now, run_isolated
 from harness.plan import Instance, Params
-from harness.rundir import PAIRED_DIR, finished, record_result, unit_id
+from harness.rundir import PAIRED_DIR, finished, record_result, trace_file, trace_path, unit_id
 
 
 def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path) -> dict:
@@ -20,7 +20,7 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     reference taken seconds apart, so the machine's drift over a long sweep cancels out of the speedup."""
     from harness.loop import Request, check_fits
     from harness.pair import open_pair
-    from harness.trace import TraceWriter
+    from harness.trace import TraceWriter, discard
 
     t0 = time.perf_counter()
     max_tokens, paired = params.max_tokens, params.paired
@@ -29,12 +29,12 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     pair = open_pair(inst.target, None if inst.baseline else inst.draft, inst.engine_config(params.n_ctx),
                      inst.draft_engine_config(params.n_ctx),
                      check_alignment=False, drafting=inst.drafting)  # the sweep checked every pair up front
-    files = {"baseline" if inst.baseline else "speculative": run_dir / "traces" / f"{unit}.jsonl"}
+    files = {"baseline" if inst.baseline else "speculative": trace_path(run_dir, unit)}
     if paired and not inst.baseline:
-        files["baseline"] = run_dir / PAIRED_DIR / "traces" / f"{unit}.jsonl"
+        files["baseline"] = trace_path(run_dir / PAIRED_DIR, unit)
     for f in files.values():
         f.parent.mkdir(parents=True, exist_ok=True)
-        f.unlink(missing_ok=True)  # a rerun replaces a partial trace
+        discard(f)  # a rerun replaces a partial trace (or an archived one)
     try:
         requests = []
         for pr in prompts:
@@ -149,8 +149,8 @@ def plain_outputs(run_dir: Path, inst: Instance, round_: int) -> dict[tuple[str,
     policy in this round, when it has finished."""
     from harness.trace import read_records
     base = unit_id(inst.plain().id, round_)
-    f = run_dir / "traces" / f"{base}.jsonl"
-    if finished(run_dir).get(base, {}).get("status") != "ok" or not f.exists():
+    f = trace_file(run_dir, base)
+    if finished(run_dir).get(base, {}).get("status") != "ok" or f is None:
         return {}
     return {(r["prompt_id"], r["repeat"]): r["tokens"] for r in read_records(f) if r.get("type") == "generation"}
 
@@ -176,8 +176,9 @@ def measure_costs(pair, requests: list, k_max: int, parallel: int = 1) -> dict:
     if parallel > 1:
         from harness.concurrency.calibrate import batched_costs
         return batched_costs(pair.target, pair.draft_engine, text, parallel, k_max - 1)
-    from harness.calibrate import in_situ
-    return in_situ(pair.target, pair.draft_engine, text, k_max)
+    from harness.calibrate import in_situ, spanned_contexts
+    ctxs = spanned_contexts([len(r.tokens) for r in requests], [len(r.tokens) + r.max_tokens for r in requests], k_max)
+    return in_situ(pair.target, pair.draft_engine, text, k_max, ctxs)
 
 
 def warm_up(pair, tokens: list[int], gamma: int) -> None:

@@ -54,15 +54,19 @@ def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> P
     return md
 
 
+EXPORTS = ("metrics", "verdicts", "tidy")  # the tables export writes, each as <name>.<format> in the run directory
+EXPORT_FORMATS = ("csv", "json", "parquet")
+
+
 def export(data: dict[str, pl.DataFrame], run_dir: Path, fmt: str) -> Path:
     """metrics.FMT (a row per configuration x category, intervals included), verdicts.FMT (a row per
     category, policy and target) and tidy.FMT (report.tidy: the versioned table to pool) in the run directory."""
     from harness.report.tidy import tidy
-    if fmt not in ("csv", "json", "parquet"):
+    if fmt not in EXPORT_FORMATS:
         raise HarnessError(f"unknown report format '{fmt}' (md, csv, json, parquet)")
     sweep = data.get("sweep")
-    tables = {"metrics": sweep, "verdicts": data.get("verdicts"),
-              "tidy": tidy(sweep, read_plan(run_dir), run_dir.name) if sweep is not None and len(sweep) else None}
+    pooled = tidy(sweep, read_plan(run_dir), run_dir.name) if sweep is not None and len(sweep) else None
+    tables = dict(zip(EXPORTS, (sweep, data.get("verdicts"), pooled)))
     for name, frame in tables.items():
         frame = pl.DataFrame() if frame is None else frame
         flat = frame.select([c for c in frame.columns if not isinstance(frame[c].dtype, pl.List)])
@@ -76,13 +80,14 @@ def export(data: dict[str, pl.DataFrame], run_dir: Path, fmt: str) -> Path:
     return run_dir / f"metrics.{fmt}"
 
 
-def check(run_dir: Path) -> list[str]:
-    """Differences between the written Markdown report and one recomputed from the traces now."""
+def check(run_dir: Path, data: dict[str, pl.DataFrame] | None = None) -> list[str]:
+    """Differences between the written Markdown report and one recomputed from the traces now (or rendered from
+    data, the run's figures as compute gave them)."""
     read_plan(run_dir)  # a directory that is not a run says so first
     md = reports_root(run_dir) / f"{run_dir.name}.md"
     if not md.exists():
         raise HarnessError(f"no report for {run_dir} at {md}: run `harness report {run_dir}` first")
-    fresh = render_markdown(run_dir, compute(run_dir), md.parent).splitlines()
+    fresh = render_markdown(run_dir, compute(run_dir) if data is None else data, md.parent).splitlines()
     old = md.read_text().splitlines()
     diffs = [f"line {i + 1}: report has {a!r}, traces give {b!r}" for i, (a, b) in enumerate(zip(old, fresh)) if a != b]
     if len(old) != len(fresh):

@@ -81,9 +81,12 @@ def _kv(c: pl.DataFrame) -> list[str]:
             table(rows, ["N", "draft", "cells in use (peak)", "KV in use", "KV allocated"]), ""]
 
 
+PLOT = "concurrency.png"  # on the first screen, after the verdicts
+
+
 def _plot(run_dir: Path, rel: Path) -> list[str]:
-    p = run_dir / "plots" / "concurrency.png"
-    return [f"![Speedup against N]({rel / 'plots' / 'concurrency.png'})", ""] if p.exists() else []
+    p = run_dir / "plots" / PLOT
+    return [f"![Speedup against N]({rel / 'plots' / PLOT})", ""] if p.exists() else []
 
 
 def plot(data: dict[str, pl.DataFrame], out: Path) -> Path | None:
@@ -111,4 +114,4 @@ def plot(data: dict[str, pl.DataFrame], out: Path) -> Path | None:
         ax.set_xlabel("N (requests decoded together)")
     axes[0][0].set_ylabel("speedup (dashed: predicted)")
     axes[0][-1].legend(fontsize=6)
-    return plots.save(fig, out / "concurrency.png")
+    return plots.save(fig, out / PLOT)

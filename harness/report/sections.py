@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.report.fmt import ci, f, mib, pct_ci, table
-from harness.rundir import plan_rounds
+from harness.rundir import plan_rounds, trace_files
 
 
 def drift(sweep: pl.DataFrame) -> list[str]:
@@ -102,6 +102,9 @@ def plots(run_dir: Path, md_dir: Path) -> list[str]:
     neither draws nor depends on matplotlib."""
     out = run_dir / "plots"
     made = [name for name in PLOTS if (out / name).exists()]
+    if not made and any(f.name.endswith(".gz") for f in trace_files(run_dir)):
+        return ["Plots: `harness archive` kept only the first screen's; `harness report RUN_DIR` draws them again.",
+                ""]
     if not made:
         return ["Plots: install the plotting extra (`pip install '.[plot]'`) and rerun `harness report`.", ""]
     rel = Path(os.path.relpath(out.resolve(), md_dir.resolve()))

@@ -1,0 +1,155 @@
+"""`harness archive`: a finished run's traces gzipped, what the report makes again dropped, and the report still
+what the traces give; every reader takes a trace in either form. No model runs: the runs are copies of the
+smallest committed one."""
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.report import check
+from harness.report.archive import archive, same, size
+from harness.report.render import render_markdown
+from harness.report.tables import compute
+from harness.rundir import load_records, trace_file, trace_files
+from harness.trace import compress, decompress, gzipped, read_records
+from tests.helpers import ROOT, copy_run, harness, one_line_error
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory) -> Path:
+    """The smallest committed run and its report, traces plain (decompressed, and the report rendered for that
+    form, if the committed run is archived)."""
+    runs = [p for p in (ROOT / "reports" / "runs").glob("2*") if p.is_dir() and (p / "plan.json").exists()]
+    run = copy_run(min(runs, key=size), tmp_path_factory.mktemp("plain"))
+    gz = [f for f in trace_files(run) if f.name.endswith(".gz")]
+    for f in gz:
+        decompress(f)
+    if gz:
+        md = run.parent.parent / f"{run.name}.md"
+        md.write_text(render_markdown(run, compute(run), md.parent))
+    return run
+
+
+@pytest.fixture(scope="module")
+def archived_run(plain_run, tmp_path_factory) -> tuple[Path, str]:
+    """A copy of plain_run after `harness archive`, and what the command printed."""
+    run = copy_run(plain_run, tmp_path_factory.mktemp("archived"))
+    r = harness("archive", run)
+    assert r.returncode == 0, r.stderr
+    return run, r.stdout
+
+
+def test_read_records_takes_plain_and_gzipped_alike(tmp_path):
+    f = tmp_path / "u.jsonl"
+    recs = [{"type": "step", "i": i, "text": "é"} for i in range(50)]
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"type": "st')  # a kill mid-line
+    assert read_records(f) == recs
+    raw = f.read_bytes()
+    gz = compress(f)
+    assert gz == gzipped(f) == tmp_path / "u.jsonl.gz" and not f.exists()
+    assert gzip.decompress(gz.read_bytes()) == raw
+    assert read_records(gz) == recs
+    assert gz.read_bytes()[4:8] == b"\0\0\0\0"  # no time stamp: the same trace gives the same bytes
+    first = gz.read_bytes()
+    assert decompress(gz) == f and f.read_bytes() == raw and not gz.exists()
+    assert compress(f).read_bytes() == first
+
+
+def test_a_units_trace_is_found_in_either_form(tmp_path):
+    (tmp_path / "traces").mkdir()
+    assert trace_file(tmp_path, "u1") is None
+    (tmp_path / "traces" / "u1.jsonl").write_text('{"config": "u1"}\n')
+    (tmp_path / "traces" / "u2.jsonl").write_text('{"config": "u2"}\n')
+    compress(tmp_path / "traces" / "u2.jsonl")
+    assert trace_file(tmp_path, "u1").name == "u1.jsonl"
+    assert trace_file(tmp_path, "u2").name == "u2.jsonl.gz"
+    assert load_records(tmp_path, {"u1", "u2", "u3"}) == [{"config": "u1"}, {"config": "u2"}]
+    # an archive stopped between writing the gzipped copy and removing the plain one: the plain one is read
+    (tmp_path / "traces" / "u2.jsonl").write_text('{"config": "u2", "plain": true}\n')
+    assert load_records(tmp_path, {"u2"}) == [{"config": "u2", "plain": True}]
+
+
+def test_a_damaged_gzipped_trace_is_one_clear_error(tmp_path):
+    f = tmp_path / "u.jsonl.gz"
+    f.write_bytes(gzip.compress(b'{"a": 1}\n' * 100, mtime=0)[:-20])  # cut short
+    with pytest.raises(HarnessError, match="damaged"):
+        read_records(f)
+
+
+def test_archive_gzips_the_traces_and_drops_only_what_the_report_makes_again(plain_run, archived_run):
+    run, out = archived_run
+    assert "the report matches the traces" in out and f"{size(plain_run):,} -> {size(run):,} bytes" in out
+    traces = trace_files(run)
+    assert traces and all(f.name.endswith(".jsonl.gz") for f in traces)
+    assert len(traces) == len(trace_files(plain_run))
+    # nothing a figure is read from went; of the plots, only the first screen's stay
+    for f in plain_run.rglob("*"):
+        rel = f.relative_to(plain_run)
+        if f.is_file() and rel.parts[0] != "plots" and "traces" not in rel.parts \
+                and f.stem not in ("metrics", "verdicts", "tidy"):
+            assert (run / rel).read_bytes() == f.read_bytes(), rel
+    assert {p.name for p in (run / "plots").glob("*")} <= {"verdicts.png", "concurrency.png"}
+    assert not [f for f in run.iterdir() if f.stem in ("metrics", "verdicts", "tidy")]
+    md = (run.parent.parent / f"{run.name}.md").read_text()
+    first_screen = md.split("## Machine and run")[0]
+    assert ("verdicts.png" in first_screen) == (plain_run / "plots" / "verdicts.png").exists()
+    assert "gamma.png" not in md and "`harness archive` kept only the first screen's" in md
+
+
+def test_the_archived_run_checks_and_gives_the_plain_runs_figures(plain_run, archived_run):
+    run, _ = archived_run
+    r = harness("report", run, "--check")
+    assert r.returncode == 0 and "report matches the traces" in r.stdout, r.stdout + r.stderr
+    assert same(compute(plain_run), compute(run))
+
+
+def test_archive_is_reproducible_and_idempotent(plain_run, archived_run, tmp_path):
+    run, _ = archived_run
+    again = copy_run(plain_run, tmp_path)
+    for f in trace_files(again):
+        assert compress(f).read_bytes() == (run / f.relative_to(again)).with_suffix(".jsonl.gz").read_bytes()
+    twice = copy_run(run, tmp_path / "twice")
+    a = archive(twice)
+    assert a["gzipped"] == [] and a["dropped"] == [] and a["before"] == a["after"] == size(run)
+
+
+def test_a_tampered_gzipped_trace_fails_the_check(archived_run, tmp_path):
+    run = copy_run(archived_run[0], tmp_path)
+    trace = next(f for f in trace_files(run) if any(r.get("accepted", 0) < r.get("proposed", 0)
+                                                    for r in read_records(f)))
+    lines = gzip.decompress(trace.read_bytes()).decode().splitlines()
+    i = next(k for k, x in enumerate(lines) if json.loads(x).get("accepted", 0) < json.loads(x).get("proposed", 0))
+    rec = json.loads(lines[i])
+    rec["accepted"] += 1  # one more accepted draft than the run saw
+    lines[i] = json.dumps(rec)
+    trace.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+    assert check(run)
+    one_line_error(harness("report", str(run), "--check"), "disagrees")
+
+
+def test_archive_refuses_what_it_cannot_archive_in_one_line(plain_run, tmp_path):
+    one_line_error(harness("archive", str(tmp_path / "nope")), "no such run directory")
+    one_line_error(harness("archive", str(tmp_path)), "not a benchmark run directory")
+    run = copy_run(plain_run, tmp_path)
+    results = run / "results.jsonl"
+    whole = results.read_text()
+    results.write_text("".join(whole.splitlines(keepends=True)[:-1]))  # a unit still to run
+    one_line_error(harness("archive", str(run)), "not finished", "--resume")
+    results.write_text(whole)
+    md = run.parent.parent / f"{run.name}.md"
+    md.write_text(md.read_text().replace("## Machine and run", "## Machine and run (edited)"))
+    one_line_error(harness("archive", str(run)), "already disagrees", "nothing archived")
+    assert all(f.name.endswith(".jsonl") for f in trace_files(run))
+
+
+def test_archive_restores_the_plain_traces_when_the_figures_would_change(plain_run, tmp_path, monkeypatch):
+    from harness.report import archive as archive_mod
+    run = copy_run(plain_run, tmp_path)
+    files = {f: f.read_bytes() for f in trace_files(run)}
+    monkeypatch.setattr(archive_mod, "same", lambda a, b: False)
+    with pytest.raises(HarnessError, match="restored"):
+        archive(run)
+    assert {f: f.read_bytes() for f in trace_files(run)} == files
+    assert {f.relative_to(run) for f in run.rglob("*")} == {f.relative_to(plain_run) for f in plain_run.rglob("*")}
