@@ -1,4 +1,4 @@
-# make setup | models | bench | test | report | lint | clean
+# make setup | models | bench | test | test-all | report | lint | clean
 # GPU builds: make setup CMAKE_ARGS="-DGGML_CUDA=on"  (or -DGGML_VULKAN=on, -DGGML_METAL=on)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -16,7 +16,7 @@ SETUP_STAMP := $(VENV)/.setup-$(BUILD_TAG)
 PROFILE ?= default
 TEST_MODELS := smollm2-135m-instruct-q4_1 smollm2-135m-instruct-q2_k
 
-.PHONY: setup models test-models bench bench-engine test report lint clean clean-models
+.PHONY: setup models test-models bench bench-engine test test-all report lint clean clean-models
 
 setup: $(SETUP_STAMP)
 
@@ -41,7 +41,11 @@ test-models: setup
 bench: setup models
 	$(HARNESS) bench --profile $(PROFILE)
 
+# the fast tier; test-all adds the slow one (tests marked slow)
 test: setup test-models
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: setup test-models
 	$(PY) -m pytest -q
 
 report: setup

@@ -40,3 +40,57 @@ def gpu_build() -> bool:
 def skip_on_gpu_build(what: str) -> None:
     if gpu_build():
         pytest.skip(f"{what}: this llama-cpp-python has GPU offload")
+
+
+# -- runs shared by the whole session ------------------------------------------------------------------------
+# Tests that only read a run share one of these; a test that changes a run works on a copy (helpers.copy_run).
+# The two timed runs are one sweep at 2 threads and at 1 (two "machines" for compare and predict); the replay
+# run has the same prompts and policies, so predict can put its replay beside the 1-thread run.
+T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
+CATEGORIES = ("code", "chat")
+POLICIES = ("greedy", "T=0.8 top_p=0.9")
+# tiny prompts (15-30 tokens; two repeat themselves, for the n-gram lookup): prompt evaluation, not decoding, is
+# most of a small model's time on 2 cores
+PROMPT_FILE = ROOT / "tests" / "data" / "prompts.jsonl"
+PROMPTS = ("--prompts", str(PROMPT_FILE), "--per-category", "2", "--max-tokens", "12", "--temp", "0,0.8",
+           "--top-p", "0.9")
+SWEEP = ("--target", T, "--draft", f"{D},ngram:2", "--gamma", "2", *PROMPTS, "--paired")
+
+
+def _bench(out: Path, *args) -> Path:
+    from tests.helpers import harness, only_run
+    r = harness("bench", *args, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return only_run(out)
+
+
+@pytest.fixture(scope="session")
+def timed_run(tmp_path_factory, smol, smol_q2k) -> Path:
+    """The sweep at 2 threads, its reports under results/runA (nested: they must land inside --out)."""
+    return _bench(tmp_path_factory.mktemp("timed") / "results" / "runA", *SWEEP, "--threads", "2")
+
+
+@pytest.fixture(scope="session")
+def timed_run_t1(tmp_path_factory, smol, smol_q2k) -> Path:
+    return _bench(tmp_path_factory.mktemp("timed_t1"), *SWEEP, "--threads", "1")
+
+
+@pytest.fixture(scope="session")
+def replay_run(tmp_path_factory, smol, smol_q2k) -> Path:
+    """Every prompt replayed through both proposers under both rules, then a timed subset."""
+    return _bench(tmp_path_factory.mktemp("replay"), "--target", T, "--draft", f"{D},ngram:2", "--gamma", "1,2,3",
+                  *PROMPTS, "--verify", "leviathan,exact", "--replay", "--replay-gamma", "3", "--timed-subset", "1",
+                  "--paired", "--threads", "2")
+
+
+@pytest.fixture(scope="session")
+def calibrations(tmp_path_factory, smol, smol_q2k) -> tuple[list[Path], str]:
+    """Both models calibrated at 1 thread (the other "machine"), and what `harness calibrate` printed."""
+    from tests.helpers import harness
+    out = tmp_path_factory.mktemp("cal")
+    printed = ""
+    for m in (T, D):
+        r = harness("calibrate", m, "--threads", "1", "--k-max", "4", "--reps", "2", "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        printed += r.stdout
+    return [out / f"{m}-t1-ngl0.json" for m in (T, D)], printed

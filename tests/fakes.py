@@ -57,6 +57,30 @@ class FakeEngine:
         del self.ctx[n:]
 
 
+def logits_row(weights: dict[int, float]) -> np.ndarray:
+    """Logits whose softmax is weights (normalised) on their ids, every other id -inf."""
+    row = np.full(V, -np.inf, dtype=np.float32)
+    for t, w in weights.items():
+        row[t] = np.log(w)
+    return row
+
+
+class LogitsEngine(FakeEngine):
+    """A sampling model: its logits at output position i are rows[i] whatever the context, so what each
+    position's processed distribution is can be worked out by hand. As a draft, give it to DraftModelProposer."""
+
+    def __init__(self, prompt_len, rows: list[dict[int, float]]):
+        super().__init__(prompt_len, [])
+        self.rows = np.stack([logits_row(w) for w in rows])
+
+    def decode(self, tokens, logits="last"):
+        self.ctx += list(tokens)
+        if logits == "none":
+            return None
+        first = len(self.ctx) - (len(tokens) if logits == "all" else 1)
+        return self.rows[first + 1 - self.prompt_len:len(self.ctx) + 1 - self.prompt_len]
+
+
 class ScriptedProposer:
     """Proposes tokens[pos:pos + n] at output position pos."""
 

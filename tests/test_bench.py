@@ -1,99 +1,98 @@
-"""`harness bench --profile smoke` end to end, the report's figures against the raw traces, resume, bad input."""
+"""`harness bench` end to end on the session's shared timed run (tests/conftest.py): the report's figures against
+the raw traces, tampering, exports, resume, Ctrl-C and bad input; the real smoke profile in the slow tier."""
+import gzip
 import json
 import os
+import signal
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import gpu_build, skip_on_gpu_build
-
-ROOT = Path(__file__).resolve().parent.parent
-HARNESS = [sys.executable, "-m", "harness.cli"]
-
-
-def harness(*args, cwd=ROOT, env=None):
-    """`harness ARGS` in a subprocess. A bench run not about the busy-machine guard tolerates more foreign load
-    (0.25 of the cores) than the default, so that a background blip on a CI machine cannot fail it."""
-    if args and args[0] == "bench" and "--resume" not in args and "--busy-threshold" not in args:
-        args = (*args, "--busy-threshold", "0.25")
-    e = os.environ | {"CI": "true"} | (env or {})
-    return subprocess.run([*HARNESS, *args], cwd=cwd, env=e, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-
-
-def one_line_error(r, *words):
-    assert r.returncode != 0
-    assert "Traceback" not in r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("harness: error:")]
-    assert len(lines) == 1, r.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory, smol, smol_q2k):
-    out = tmp_path_factory.mktemp("reports")
-    r = harness("bench", "--profile", "smoke", "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    runs = [p for p in (out / "runs").iterdir() if p.is_dir() and not p.is_symlink()]
-    assert len(runs) == 1
-    return runs[0]
-
+from harness.rundir import trace_files
+from harness.trace import read_records
+from tests.conftest import CATEGORIES, POLICIES, PROMPT_FILE, T, gpu_build, skip_on_gpu_build
+from tests.helpers import HARNESS, ROOT, copy_run, harness, md_table, one_line_error, only_run, report_md
 
 def raw(run_dir: Path) -> list[dict]:
-    recs = []
-    for f in (run_dir / "traces").glob("*.jsonl"):
-        recs += [json.loads(line) for line in f.read_text().splitlines()]
-    return recs
+    """The records of a run's own traces (not its side runs'), plain or gzipped."""
+    return [r for f in trace_files(run_dir) if f.parent == run_dir / "traces" for r in read_records(f)]
 
 
-def test_smoke_report_structure(smoke_run):
-    md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
-    assert (smoke_run.parent.parent / "latest.md").read_text() == md
-    for heading in ("### Models", "## Verdict per category", "## Machine noise", "## Per category", "### code",
-                    "### long_context", "## Quantization", "## Memory", "## Output equivalence (greedy)",
-                    "## How to read this"):
+def results(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
+
+
+def check_structure(run: Path, categories) -> None:
+    md = report_md(run)
+    assert (run.parent.parent / "latest.md").read_text() == md
+    for heading in ("### Models", "## Verdict per category", "## Machine noise", "## Per category",
+                    *(f"### {c}" for c in categories), "## Quantization", "## Memory",
+                    "## Output equivalence (greedy)", "## How to read this"):
         assert heading in md
     assert md.index("## Verdict per category") < md.index("## Machine and run")  # the answer comes first
     assert "verdicts.png" in md.split("## Machine and run")[0]  # with its plot
     assert ("GPU offload available" if gpu_build() else "CPU only") in md
     assert "requantized from smollm2-135m-instruct-q4_1" in md
     assert "| greedy" in md and "T=0.8 top_p=0.9" in md  # every table states the policy
-    assert f"`runs/{smoke_run.name}/traces`" in md  # relative to the report: the same however the path was typed
-    results = [json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()]
-    assert len(results) == 10 and all(r["status"] == "ok" for r in results)
-    assert all(r["peak_rss_bytes"] > 50 * 2**20 for r in results)
+    assert f"`runs/{run.name}/traces`" in md  # relative to the report: the same however the path was typed
+    plan = json.loads((run / "plan.json").read_text())
+    res = results(run)
+    assert len(res) == len(plan["instances"]) and all(r["status"] == "ok" for r in res)
+    assert all(r["peak_rss_bytes"] > 50 * 2**20 for r in res)
 
 
-def test_plain_baselines_run_again_at_the_end_to_measure_drift(smoke_run):
-    again = [json.loads(x) for x in (smoke_run / "drift" / "results.jsonl").read_text().splitlines()]
-    opening = [json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["config"] for r in again) == sorted(r["config"] for r in opening if r["draft"] == "none")
-    rows = [r for r in json.loads((smoke_run / "metrics.json").read_text()) if r["draft"] == "none"]
-    assert len(rows) == 12  # two policies x six categories
-    recs = raw(smoke_run / "drift")
+def test_report_structure(timed_run):
+    check_structure(timed_run, CATEGORIES)
+
+
+@pytest.mark.slow
+def test_the_smoke_profile_end_to_end(tmp_path, smol, smol_q2k):
+    """What a new user runs first, with the long-prompt categories added: all six, long_context's 1000 tokens
+    included."""
+    out = tmp_path / "reports"
+    every = ("code", "creative", "domain", "grounded", "long_context", "multilingual")
+    r = harness("bench", "--profile", "smoke", "--categories", ",".join(every), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = only_run(out)
+    check_structure(run, every)
+    assert harness("report", str(run), "--check").returncode == 0
+
+
+def test_reports_land_inside_the_out_directory(timed_run):
+    out = timed_run.parent.parent  # the fixture's --out: results/runA
+    assert (out / f"{timed_run.name}.md").exists() and (out / "latest.md").exists()
+    assert not list(out.parent.glob("*.md"))
+
+
+def test_plain_baselines_run_again_at_the_end_to_measure_drift(timed_run):
+    again = results(timed_run / "drift")
+    assert sorted(r["config"] for r in again) == sorted(r["config"] for r in results(timed_run)
+                                                        if r["draft"] == "none")
+    rows = [r for r in json.loads((timed_run / "metrics.json").read_text()) if r["draft"] == "none"]
+    assert len(rows) == len(POLICIES) * len(CATEGORIES)
+    recs = raw(timed_run / "drift")
     for r in rows:
         key = (r["config"], r["category"])
         gens = [g for g in recs if g["type"] == "generation" and (g["config"], g["category"]) == key]
         end = sum(g["n_tokens"] for g in gens) / sum(g["gen_ms"] for g in gens) * 1000
         assert r["base_end_tokens_per_s"] == pytest.approx(end)
         assert r["drift"] == pytest.approx(end / r["base_tokens_per_s"])
-    md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
+    md = report_md(timed_run)
     assert "## Drift" in md and "end / start" in md
 
 
-def test_paired_plain_runs_are_the_reference_of_every_speculative_row(smoke_run):
-    results = [json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()]
-    spec = {r["config"] for r in results if r["draft"] != "none"}
-    assert {f.stem for f in (smoke_run / "paired" / "traces").glob("*.jsonl")} == spec
-    paired = raw(smoke_run / "paired")
+def test_paired_plain_runs_are_the_reference_of_every_speculative_row(timed_run):
+    spec = {r["config"] for r in results(timed_run) if r["draft"] != "none"}
+    assert {f.name.split(".")[0] for f in trace_files(timed_run / "paired")} == spec
+    paired = raw(timed_run / "paired")
     assert {r["mode"] for r in paired} == {"baseline"} and not any(r.get("proposed") for r in paired)
-    main = raw(smoke_run)
+    main = raw(timed_run)
     base_out = {(g["prompt_id"], json.dumps(g["tokens"])) for g in main
                 if g["type"] == "generation" and g["mode"] == "baseline" and g["config"].startswith("base")}
-    rows = [r for r in json.loads((smoke_run / "metrics.json").read_text()) if r["draft"] != "none"]
-    assert len(rows) == len(spec) * 6
+    rows = [r for r in json.loads((timed_run / "metrics.json").read_text()) if r["draft"] != "none"]
+    assert len(rows) == len(spec) * len(CATEGORIES)
     for r in rows:
         key = (r["config"], r["category"])
         pg = [g for g in paired if g["type"] == "generation" and (g["config"], g["category"]) == key]
@@ -105,13 +104,12 @@ def test_paired_plain_runs_are_the_reference_of_every_speculative_row(smoke_run)
         assert r["speedup_vs_baseline"] == pytest.approx(r["tokens_per_ms"] / r["base_tokens_per_ms"])
         if r["policy"] == "greedy":  # plain greedy decoding in another worker gives the baseline's tokens
             assert all((g["prompt_id"], json.dumps(g["tokens"])) in base_out for g in pg)
-    md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
-    assert "paired plain tok/s (range)" in md and "(within drift)" not in md
+    assert "paired plain tok/s (range)" in report_md(timed_run)
 
 
-def test_report_figures_equal_those_recomputed_from_traces(smoke_run):
-    metrics = json.loads((smoke_run / "metrics.json").read_text())
-    recs = raw(smoke_run)
+def test_report_figures_equal_those_recomputed_from_traces(timed_run):
+    metrics = json.loads((timed_run / "metrics.json").read_text())
+    recs = raw(timed_run)
     checked = 0
     for row in metrics:
         steps = [r for r in recs if r["type"] == "step" and r["config"] == row["config"]
@@ -131,56 +129,58 @@ def test_report_figures_equal_those_recomputed_from_traces(smoke_run):
             vsteps = sum(1 for s in steps if s["proposed"] > 0)
             assert row["mean_accepted_len"] == pytest.approx(accepted / vsteps)
             checked += 1
-    assert checked >= 6
-    r = harness("report", str(smoke_run), "--check")
+    assert checked >= 2 * len(CATEGORIES)
+    r = harness("report", str(timed_run), "--check")
     assert r.returncode == 0 and "matches" in r.stdout
 
 
-def copy_run(run: Path, tmp_path: Path) -> Path:
-    """The run and its report, copied into a reports directory of their own (to tamper with)."""
-    import shutil
-    dest = tmp_path / "reports" / "runs" / run.name
-    shutil.copytree(run, dest, symlinks=True)
-    shutil.copy(run.parent.parent / f"{run.name}.md", dest.parent.parent / f"{run.name}.md")
-    return dest
+def _tamper(trace: Path, pick, change) -> None:
+    """Change the first record of a trace that pick() selects, written back in the trace's own form."""
+    recs = read_records(trace)
+    change(next(r for r in recs if pick(r)))
+    text = "".join(json.dumps(r) + "\n" for r in recs)
+    if trace.name.endswith(".gz"):
+        trace.write_bytes(gzip.compress(text.encode()))
+    else:
+        trace.write_text(text)
 
 
-def test_report_check_fails_when_a_trace_disagrees(smoke_run, tmp_path):
-    run = copy_run(smoke_run, tmp_path)
+def _own_traces(run: Path, side: str = "") -> list[Path]:
+    d = run / side if side else run
+    return [f for f in trace_files(d) if f.parent == d / "traces" and f.name.startswith("g")]
+
+
+def _rejected(r: dict) -> bool:
+    return r.get("accepted", 0) < r.get("proposed", 0)
+
+
+@pytest.mark.parametrize("what", ["accepted", "gen_ms", "paired gen_ms"])
+def test_report_check_fails_when_a_trace_disagrees(timed_run, tmp_path, what):
+    """One more accepted draft than the run saw; a generation 10% slower; its paired twin (the reference the
+    speedup and its interval are built from) 10% faster: each is a difference that --check shows."""
+    run = copy_run(timed_run, tmp_path)
     assert harness("report", str(run), "--check").returncode == 0
-    trace = next(f for f in sorted((run / "traces").glob("g*.jsonl"))
-                 if any(json.loads(x).get("accepted", 0) < json.loads(x).get("proposed", 0)
-                        for x in f.read_text().splitlines()))
-    lines = trace.read_text().splitlines()
-    i = next(k for k, x in enumerate(lines) if json.loads(x).get("accepted", 0) < json.loads(x).get("proposed", 0))
-    rec = json.loads(lines[i])
-    rec["accepted"] += 1  # one more accepted draft than the run saw
-    lines[i] = json.dumps(rec)
-    trace.write_text("\n".join(lines) + "\n")
+    if what == "accepted":
+        trace = next(f for f in _own_traces(run) if any(_rejected(r) for r in read_records(f)))
+        _tamper(trace, _rejected, lambda r: r.update(accepted=r["accepted"] + 1))
+    elif what == "gen_ms":
+        _tamper(_own_traces(run)[0], lambda r: r["type"] == "generation", lambda r: r.update(gen_ms=r["gen_ms"] * 1.1))
+    else:
+        _tamper(_own_traces(run, "paired")[0], lambda r: r["type"] == "generation",
+                lambda r: r.update(gen_ms=r["gen_ms"] / 1.1))
     r = harness("report", str(run), "--check")
     one_line_error(r, "disagrees")
-    assert "acceptance" in r.stdout or "%" in r.stdout  # the differing lines are shown
+    assert r.stdout.strip()  # the differing lines are shown
 
 
-def md_table(md: str, heading: str) -> list[dict]:
-    """The first Markdown table after a heading, as dicts."""
-    lines = md.split(heading, 1)[1].splitlines()
-    start = next(k for k, ln in enumerate(lines) if ln.startswith("|"))
-    end = next((k for k in range(start, len(lines)) if not lines[k].startswith("|")), len(lines))
-    rows = lines[start:end]
-    head = [c.strip() for c in rows[0].strip("|").split("|")]
-    return [dict(zip(head, (c.strip() for c in r.strip("|").split("|")))) for r in rows[2:]]
-
-
-def test_equivalence_table_counts_every_greedy_generation(smoke_run):
-    md = (smoke_run.parent.parent / f"{smoke_run.name}.md").read_text()
-    table = md_table(md, "## Output equivalence (greedy)")
-    recs = raw(smoke_run)
+def test_equivalence_table_counts_every_greedy_generation(timed_run):
+    table = md_table(report_md(timed_run), "## Output equivalence (greedy)")
+    recs = raw(timed_run)
     gens = [r for r in recs if r["type"] == "generation"]
-    results = {json.loads(x)["config"]: json.loads(x) for x in (smoke_run / "results.jsonl").read_text().splitlines()}
-    greedy = [g for g in gens if results[g["config"]]["policy"]["temperature"] == 0]
-    base = {g["prompt_id"]: g["tokens"] for g in greedy if results[g["config"]]["draft"] == "none"}
-    spec = [g for g in greedy if results[g["config"]]["draft"] != "none"]
+    res = {r["config"]: r for r in results(timed_run)}
+    greedy = [g for g in gens if res[g["config"]]["policy"]["temperature"] == 0]
+    base = {g["prompt_id"]: g["tokens"] for g in greedy if res[g["config"]]["draft"] == "none"}
+    spec = [g for g in greedy if res[g["config"]]["draft"] != "none"]
     assert len(table) == len({(g["config"], g["category"]) for g in spec}) > 0
     assert sum(int(r["generations"]) for r in table) == len(spec)
     differ = sum(g["tokens"] != base[g["prompt_id"]] for g in spec)
@@ -192,50 +192,42 @@ def test_equivalence_table_counts_every_greedy_generation(smoke_run):
     assert exact == pytest.approx(len(spec) - differ)
 
 
-def test_report_check_neither_redraws_plots_nor_depends_on_how_the_path_is_typed(smoke_run):
-    pngs = {p: p.stat().st_mtime_ns for p in (smoke_run / "plots").glob("*.png")}
-    assert pngs, "the smoke run draws its plots (the dev extra has matplotlib)"
-    for args, cwd in (([str(smoke_run.resolve())], ROOT), ([smoke_run.name], smoke_run.parent),
-                      ([f"./{smoke_run.name}/"], smoke_run.parent)):
+def test_report_check_neither_redraws_plots_nor_depends_on_how_the_path_is_typed(timed_run):
+    pngs = {p: p.stat().st_mtime_ns for p in (timed_run / "plots").glob("*.png")}
+    assert pngs, "the run draws its plots (the dev extra has matplotlib)"
+    for args, cwd in (([str(timed_run.resolve())], ROOT), ([timed_run.name], timed_run.parent),
+                      ([f"./{timed_run.name}/"], timed_run.parent)):
         r = harness("report", *args, "--check", cwd=cwd)
         assert r.returncode == 0 and "matches" in r.stdout, r.stdout + r.stderr
     assert {p: p.stat().st_mtime_ns for p in pngs} == pngs
 
 
-def test_reports_land_inside_the_out_directory(tmp_path, smol):
-    out = tmp_path / "results" / "runA"
-    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "ngram:2", "--gamma", "2",
-                "--categories", "code", "--per-category", "1", "--max-tokens", "4", "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
-    assert (out / f"{run.name}.md").exists() and (out / "latest.md").exists()
-    assert not list((tmp_path / "results").glob("*.md"))
-
-
-def test_report_exports(smoke_run):
-    r = harness("report", str(smoke_run), "--format", "md,csv,json,parquet")
+def test_report_exports(timed_run, tmp_path):
+    run = copy_run(timed_run, tmp_path)
+    r = harness("report", str(run), "--format", "md,csv,json,parquet")
     assert r.returncode == 0, r.stderr
     for ext in ("csv", "json", "parquet"):
-        assert (smoke_run / f"metrics.{ext}").stat().st_size > 0
-        assert (smoke_run / f"verdicts.{ext}").stat().st_size > 0
+        assert (run / f"metrics.{ext}").stat().st_size > 0
+        assert (run / f"verdicts.{ext}").stat().st_size > 0
     import polars as pl
-    m = pl.read_parquet(smoke_run / "metrics.parquet")
+    m = pl.read_parquet(run / "metrics.parquet")
     for col in ("speedup_lo", "speedup_hi", "acceptance_rate_lo", "mean_accepted_len_hi", "alpha_lo", "prompts"):
         assert col in m.columns
     spec = m.filter(pl.col("draft") != "none")
     assert (spec["speedup_lo"] <= spec["speedup"]).all() and (spec["speedup"] <= spec["speedup_hi"]).all()
-    v = pl.read_csv(smoke_run / "verdicts.csv")
+    v = pl.read_csv(run / "verdicts.csv")
     assert set(v["verdict"]) <= {"speculate", "plain decoding", "inconclusive", "unreliable (busy machine)"}
-    assert len(v) == 12  # six categories x two policies
+    assert len(v) == len(CATEGORIES) * len(POLICIES)
 
 
-def test_resume_runs_only_what_is_missing(smoke_run):
+def test_resume_runs_only_what_is_missing(timed_run, tmp_path):
     """The last result line half-written, as a kill in the middle of the write leaves it: that configuration
     runs again and its new line is kept whole."""
-    res = smoke_run / "results.jsonl"
+    run = copy_run(timed_run, tmp_path)
+    res = run / "results.jsonl"
     lines = res.read_text().splitlines()
     res.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:len(lines[-1]) // 2])
-    r = harness("bench", "--resume", str(smoke_run))
+    r = harness("bench", "--resume", str(run))
     assert r.returncode == 0, r.stderr
     assert "1 unit(s) to run" in r.stderr
     again = [json.loads(x) for x in res.read_text().splitlines()]
@@ -303,34 +295,52 @@ def test_gamma_auto_needs_a_calibration(tmp_path, smol, smol_q2k):
     assert not any((tmp_path / "runs").glob("runs/2*")), "a refused run leaves no run directory"
 
 
-def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k):
+def _adaptive_run(tmp_path, *extra) -> Path:
+    """gamma 1 and auto:2 on the tiny prompts, from an empty directory with its own calibrations."""
+    from tests.conftest import D
     env = isolated_env(tmp_path)
-    r = harness("calibrate", "smollm2-135m-instruct-q4_1", "--k-max", "4", "--reps", "1", cwd=tmp_path, env=env)
-    assert r.returncode == 0, r.stderr
-    assert "vs k=1" in r.stdout and (tmp_path / "reports/calibration").is_dir()
-    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "smollm2-135m-instruct-q2_k",
-                "--gamma", "1,auto:2", "--categories", "code", "--per-category", "1", "--max-tokens", "12",
-                "--calibrate", "--out", str(tmp_path / "reports"), cwd=tmp_path, env=env)
+    r = harness("bench", "--target", T, "--draft", D, "--gamma", "1,auto:2", "--prompts", str(PROMPT_FILE),
+                "--categories", "code", "--per-category", "1", "--max-tokens", "12", *extra,
+                "--out", str(tmp_path / "reports"), cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "reports/latest.md").read_text()
     assert "## Cost model" in md and "auto<=2" in md and "Recommended gamma" in md
-    run = next(p for p in (tmp_path / "reports/runs").iterdir() if not p.is_symlink())
-    steps = [json.loads(x) for f in (run / "traces").glob("auto-*.jsonl") for x in f.read_text().splitlines()]
+    run = only_run(tmp_path / "reports")
+    steps = [s for f in trace_files(run) if f.name.startswith("auto-") for s in read_records(f)]
     assert {s["gamma"] for s in steps if s["type"] == "step"} <= {0, 1, 2}
     assert harness("report", str(run), "--check", cwd=tmp_path, env=env).returncode == 0
     cals = {f.name: f.read_text() for f in (run / "calibration").iterdir()}
+    assert len(cals) == 2  # target and draft
     r = harness("bench", "--resume", str(run), cwd=tmp_path, env=env)  # nothing left: no new calibration
     assert r.returncode == 0 and "calibrating" not in r.stderr, r.stderr
     assert {f.name: f.read_text() for f in (run / "calibration").iterdir()} == cals
+    return run
+
+
+def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k):
+    """`harness calibrate` writes ./reports/calibration, which a later bench copies into its run."""
+    from tests.conftest import D
+    env = isolated_env(tmp_path)
+    for m in (T, D):
+        r = harness("calibrate", m, "--k-max", "3", "--reps", "1", cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stderr
+        assert "vs k=1" in r.stdout
+    assert len(list((tmp_path / "reports/calibration").iterdir())) == 2
+    _adaptive_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_bench_calibrate_measures_its_own_costs_first(tmp_path, smol, smol_q2k):
+    run = _adaptive_run(tmp_path, "--calibrate")
+    assert all(json.loads(f.read_text())["k"][-1] == 16 for f in (run / "calibration").iterdir())
 
 
 def test_ctrl_c_keeps_what_finished(tmp_path, smol):
-    import signal
-    import time
+    """The process itself is under test: a real console process and a real SIGINT."""
     out = tmp_path / "runs"
-    p = subprocess.Popen([*HARNESS, "bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "ngram:2",
-                          "--gamma", "1,2,3", "--categories", "code", "--per-category", "1", "--max-tokens", "8",
-                          "--out", str(out)], cwd=ROOT, env=os.environ | {"CI": "true"}, stdin=subprocess.DEVNULL,
+    args = ["bench", "--target", T, "--draft", "ngram:2", "--gamma", "1,2,3", "--prompts", str(PROMPT_FILE),
+            "--categories", "code", "--per-category", "1", "--max-tokens", "8", "--out", str(out)]
+    p = subprocess.Popen([*HARNESS, *args], cwd=ROOT, env=os.environ | {"CI": "true"}, stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not any(out.glob("runs/*/results.jsonl")):
@@ -339,12 +349,13 @@ def test_ctrl_c_keeps_what_finished(tmp_path, smol):
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
-    run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
+    run = only_run(out)
     done = (run / "results.jsonl").read_text().splitlines()
     assert 1 <= len(done) < 4
     assert (out / f"{run.name}.md").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", sorted(p.name for p in (ROOT / "reports" / "runs").glob("2*") if p.is_dir()))
 def test_committed_reference_runs_match_their_traces(run):
     """The README's figures come from these runs: their reports must be what the traces give."""

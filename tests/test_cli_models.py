@@ -1,4 +1,5 @@
-"""`harness models ...` through the real console script: stdout, one-line errors on stderr, exit codes."""
+"""`harness models ...`: stdout, one-line errors on stderr, exit codes (in-process, and once through the installed
+console script)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import harness
 from tests.test_models import leftovers, setup_two_part, sha, tiny_gguf_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,25 +17,34 @@ HARNESS = ROOT / ".venv" / "bin" / "harness"
 
 
 @pytest.fixture
-def run(tmp_path):
-    """run(*args) -> CompletedProcess of `harness ARGS` with models dir, catalog and wheels in tmp_path."""
-    env = os.environ | {
-        "HARNESS_MODELS_DIR": str(tmp_path / "models"),
-        "HARNESS_CATALOG": str(tmp_path / "models.toml"),
-        "HARNESS_PYPI_FIND_LINKS": str(tmp_path / "wheels"),
-    }
+def env(tmp_path) -> dict:
+    """Models dir, catalog and wheels in tmp_path."""
     (tmp_path / "wheels").mkdir()
     (tmp_path / "models.toml").write_text(
         f'[models.mine]\nsource = {{ kind = "path", path = "{tmp_path / "tiny.gguf"}" }}\n')
     (tmp_path / "tiny.gguf").write_bytes(tiny_gguf_bytes())
-
-    def _run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(HARNESS), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=60, stdin=subprocess.DEVNULL)
-    return _run
+    return {"HARNESS_MODELS_DIR": str(tmp_path / "models"), "HARNESS_CATALOG": str(tmp_path / "models.toml"),
+            "HARNESS_PYPI_FIND_LINKS": str(tmp_path / "wheels")}
 
 
-def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+@pytest.fixture
+def run(env):
+    """run(*args): `harness ARGS` in-process, with the catalog of `env`."""
+    return lambda *args: harness(*args, env=env)
+
+
+def test_the_console_script(env):
+    """The installed entry point itself: output on stdout, exit 0; an error in one line on stderr, exit 1."""
+    e = os.environ | env
+    r = subprocess.run([str(HARNESS), "models", "info", "mine"], cwd=ROOT, env=e, capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and "vocab_size: 370" in r.stdout, r.stderr
+    r = subprocess.run([str(HARNESS), "models", "info", "unknown-name"], cwd=ROOT, env=e, capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert_one_line_error(r, "unknown model 'unknown-name'")
+
+
+def assert_one_line_error(r, *needles: str) -> str:
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tests.conftest import skip_on_gpu_build
-from tests.test_bench import harness, one_line_error
+from tests.helpers import harness, one_line_error
 
 T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
 

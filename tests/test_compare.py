@@ -1,26 +1,19 @@
 """`harness compare`: two runs of one sweep (SmolLM2 at one thread and at two, standing in for two machines) side
 by side, and every way runs can differ refused in one line."""
 import json
+import re
 import shutil
 
 import pytest
 
-from tests.test_bench import harness, md_table, one_line_error
-
-T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
-SWEEP = ("--target", T, "--draft", D, "--gamma", "2", "--temp", "0,0.8", "--top-p", "0.9", "--categories",
-         "code,creative", "--per-category", "2", "--max-tokens", "12", "--paired")
+from tests.conftest import CATEGORIES, D, POLICIES, T
+from tests.helpers import copy_run, harness, md_table, one_line_error
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory, smol, smol_q2k):
-    out = tmp_path_factory.mktemp("machines")
-    runs = []
-    for threads in ("1", "2"):
-        r = harness("bench", *SWEEP, "--threads", threads, "--out", str(out / f"t{threads}"))
-        assert r.returncode == 0, r.stderr
-        runs.append(next(d for d in (out / f"t{threads}" / "runs").iterdir() if not d.is_symlink()))
-    return runs
+def two_runs(timed_run_t1, timed_run):
+    """One sweep at 1 thread and at 2: two machines."""
+    return [timed_run_t1, timed_run]
 
 
 def test_compare_puts_each_machines_verdict_side_by_side(two_runs, tmp_path):
@@ -28,19 +21,19 @@ def test_compare_puts_each_machines_verdict_side_by_side(two_runs, tmp_path):
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "compare.md").read_text()
     rows = md_table(md, "# Speculative decoding across machines")
-    assert {(x["category"], x["policy"]) for x in rows} == {(c, p) for c in ("code", "creative")
-                                                           for p in ("greedy", "T=0.8 top_p=0.9")}
+    assert {(x["category"], x["policy"]) for x in rows} == {(c, p) for c in CATEGORIES for p in POLICIES}
     for x in rows:
         for m in ("A", "B"):
             assert x[m].startswith(("speculate:", "plain decoding:", "inconclusive:", "unreliable (busy machine):"))
-            assert f"{D} g=2" in x[m] and "[" in x[m]
+            assert re.search(rf"({re.escape(D)}|ngram:2) g=2\b", x[m]) and "[" in x[m], x[m]
     machines = md_table(md, "## Machines")
     assert [m["run"] for m in machines] == [p.name for p in two_runs]
     assert all(m["verdicts"] == "timed" and m["cores"] for m in machines)
     data = json.loads((tmp_path / "compare.json").read_text())
     assert len(data["machines"]) == 2 and len(data["verdicts"]) == 8
     # each machine's figures are its own run's, recomputed from its traces
-    for run in two_runs:
+    for k, original in enumerate(two_runs):
+        run = copy_run(original, tmp_path / f"copy{k}")
         harness("report", str(run), "--format", "json")
         own = {(v["category"], v["policy"]): v["speedup"] for v in json.loads((run / "verdicts.json").read_text())}
         got = {(v["category"], v["policy"]): v["speedup"] for v in data["verdicts"] if v["run"] == run.name}
@@ -50,8 +43,9 @@ def test_compare_puts_each_machines_verdict_side_by_side(two_runs, tmp_path):
         assert {x["parallel"] for x in tidy} == {1}
         sha = json.loads((run / "plan.json").read_text())["models"][T]["sha256"]
         assert {x["target_sha256"] for x in tidy} == {sha}
-        assert len(tidy) == 2 * 2 * 2 and all(x["speedup_lo"] <= x["speedup"] <= x["speedup_hi"] for x in tidy
-                                              if x["draft"] != "none")
+        configs = len(json.loads((run / "plan.json").read_text())["instances"])
+        assert len(tidy) == configs * len(CATEGORIES)
+        assert all(x["speedup_lo"] <= x["speedup"] <= x["speedup_hi"] for x in tidy if x["draft"] != "none")
     assert (tmp_path / "compare.csv").exists() and "compare.png" in md
 
 

@@ -7,7 +7,8 @@ import pytest
 from harness.concurrency.costs import BatchCosts, from_record, predicted_speedup, step_ms
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, check, expand
-from tests.test_bench import harness, md_table, one_line_error
+from tests.conftest import PROMPT_FILE
+from tests.helpers import harness, md_table, one_line_error
 
 T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
@@ -181,7 +182,7 @@ def test_a_too_small_context_for_n_sequences_is_refused_in_one_line(tmp_path, sm
 def parallel_run(tmp_path_factory, smol, smol_q2k):
     out = tmp_path_factory.mktemp("parallel")
     r = harness("bench", "--target", T, "--draft", D, "--gamma", "2", "--temp", "0,0.7", "--parallel", "1,2,4",
-                "--categories", "code,creative", "--per-category", "3", "--max-tokens", "12", "--paired",
+                "--prompts", str(PROMPT_FILE), "--per-category", "3", "--max-tokens", "12", "--paired",
                 "--n-ctx", "2048", "--out", str(out))
     assert r.returncode == 0, r.stderr
     run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
@@ -192,7 +193,7 @@ def test_bench_reports_verdicts_throughput_latency_and_kv_per_n(parallel_run):
     run, md = parallel_run
     verdicts = md_table(md, "## Verdict per category")
     assert {(r["setup"], r["category"], r["policy"]) for r in verdicts} == {
-        (s, c, p) for s in ("", "parallel 2", "parallel 4") for c in ("code", "creative") for p in ("greedy", "T=0.7")}
+        (s, c, p) for s in ("", "parallel 2", "parallel 4") for c in ("code", "chat") for p in ("greedy", "T=0.7")}
     assert all("[" in r["speedup [95% CI]"] for r in verdicts)
     rows = md_table(md, "## Concurrent requests")
     assert sorted({r["N"] for r in rows}) == ["1", "2", "4"] and all(r["gamma"] == "2" for r in rows)

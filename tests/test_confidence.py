@@ -8,17 +8,15 @@ import time
 import pytest
 
 from harness.analysis.noise import summarize, unit_summary
-from tests.test_bench import harness, one_line_error
+from tests.conftest import PROMPT_FILE
+from tests.helpers import harness, harness_process, one_line_error, only_run
 
 T = "smollm2-135m-instruct-q4_1"
 # The guard's threshold in these tests: a spinning core is half of a 2-core machine's capacity (a quarter of 4
 # cores'), while these VMs' own background work reaches 6-15% of the cores now and then.
 GUARD = "0.2"
-QUICK = ["--target", T, "--draft", "ngram:2", "--gamma", "2", "--max-tokens", "6", "--threads", "1"]
-
-
-def only_run(out):
-    return next(d for d in (out / "runs").iterdir() if not d.is_symlink())
+QUICK = ["--target", T, "--draft", "ngram:2", "--gamma", "2", "--max-tokens", "12", "--threads", "1"]
+ONE = ["--prompts", str(PROMPT_FILE), "--categories", "code", "--per-category", "1"]
 
 
 @pytest.fixture
@@ -32,12 +30,13 @@ def spinner():
 
 
 def test_a_busy_machine_is_refused_and_with_allow_busy_marked_unreliable(tmp_path, smol, spinner):
-    args = [*QUICK, "--categories", "code", "--per-category", "1", "--busy-threshold", GUARD,
+    """In processes of their own: the guard counts this process's children as its own, and the spinner is one."""
+    args = [*QUICK, *ONE, "--busy-threshold", GUARD,
             "--out", str(tmp_path / "r")]
-    r = harness("bench", *args)
+    r = harness_process("bench", *args)
     one_line_error(r, "busy", "--allow-busy", f"pid {spinner.pid}")
     assert not (tmp_path / "r" / "runs").exists() or not any((tmp_path / "r" / "runs").glob("2*"))
-    r = harness("bench", *args, "--allow-busy")
+    r = harness_process("bench", *args, "--allow-busy")
     assert r.returncode == 0, r.stderr
     assert "BUSY" in r.stderr
     run = only_run(tmp_path / "r")
@@ -52,7 +51,7 @@ def test_a_busy_machine_is_refused_and_with_allow_busy_marked_unreliable(tmp_pat
     assert "## Machine noise" in md and "BUSY" in md.split("## Machine noise", 1)[1]
     spinner.kill()
     spinner.wait()
-    r = harness("bench", "--resume", str(run), "--rerun-busy")  # the machine idle again: measure those again
+    r = harness_process("bench", "--resume", str(run), "--rerun-busy")  # the machine idle again: measure again
     assert r.returncode == 0, r.stderr
     assert "measuring 2 unit(s) again" in r.stderr and "2 unit(s) to run" in r.stderr and "BUSY" not in r.stderr
     md = (tmp_path / "r" / f"{run.name}.md").read_text()
@@ -60,7 +59,7 @@ def test_a_busy_machine_is_refused_and_with_allow_busy_marked_unreliable(tmp_pat
 
 
 def test_an_idle_machine_runs_without_complaint(tmp_path, smol):
-    r = harness("bench", *QUICK, "--categories", "code", "--per-category", "1", "--busy-threshold", GUARD,
+    r = harness("bench", *QUICK, *ONE, "--busy-threshold", GUARD,
                 "--out", str(tmp_path / "r"))
     assert r.returncode == 0, r.stderr
     assert "BUSY" not in r.stderr and "estimated" in r.stderr and "took" in r.stderr.splitlines()[-1]
@@ -68,11 +67,17 @@ def test_an_idle_machine_runs_without_complaint(tmp_path, smol):
     assert not noise[0]["busy"] and not any(unit_summary(n)["busy"] for n in noise[1:])
 
 
+# An n-gram lookup's gain differs far between a text that repeats itself and one that does not: two such prompts
+# leave the verdict open (t with one degree of freedom), whatever the machine's speed.
+TEXTS = ["Repeat exactly, ten times: red blue green red blue green red blue green", "Name one colour.",
+         "Count from 1 to 6.", "Say hello."]
+
+
 def prompt_file(tmp_path, n):
     f = tmp_path / "few.jsonl"
-    f.write_text("".join(json.dumps({"id": f"few-{i}", "category": "few", "max_tokens": 6,
-                                     "messages": [{"role": "user", "content": f"Count from {i} to {i + 5}."}]}) + "\n"
-                         for i in range(1, n + 1)))
+    f.write_text("".join(json.dumps({"id": f"few-{i}", "category": "few", "max_tokens": 12,
+                                     "messages": [{"role": "user", "content": t}]}) + "\n"
+                         for i, t in enumerate(TEXTS[:n], 1)))
     return f
 
 

@@ -23,6 +23,21 @@ CPU = Costs(target_ms=[34, 59, 80, 97, 120, 140, 170, 212, 240], draft_ms=20)
 GPU = Costs(target_ms=[10, 10.5, 11, 11.5, 12, 12.5, 13, 13.5, 14], draft_ms=2, draft_curve=(2.0, 2.1, 2.2, 2.3))
 
 
+def test_predicted_speedup_by_hand():
+    """alpha 0.5, gamma 2: E[tokens] = (1 - 0.5^3) / (1 - 0.5) = 1.75 (Leviathan et al.); plain decode 10 ms,
+    a draft decode 2 ms, verifying 3 tokens 14 ms."""
+    c = Costs(target_ms=[10, 12, 14], draft_ms=2)
+    assert predicted_speedup(0.5, 2, c) == pytest.approx(0.972222, rel=1e-6)  # 1.75 x 10 / (2 x 2 + 14)
+    c1 = Costs(target_ms=[10, 12, 14], draft_ms=2, overhead_ms=1)
+    assert predicted_speedup(0.5, 2, c1) == pytest.approx(0.921053, rel=1e-6)  # 17.5 / (4 + 14 + 1)
+    # half the steps propose: tokens 0.5 x 1.75 + 0.5 x 1 = 1.375, ms 0.5 x 18 + 0.5 x 10 = 14
+    assert predicted_speedup(0.5, 2, c, share=0.5) == pytest.approx(0.982143, rel=1e-6)  # 1.375 x 10 / 14
+    # a draft curve: both drafts accepted (0.5^2) costs one more token, 3.0 - 2.0 ms: 17.5 / (4 + 0.25 + 14)
+    cc = Costs(target_ms=[10, 12, 14], draft_ms=2, draft_curve=(2.0, 3.0))
+    assert predicted_speedup(0.5, 2, cc) == pytest.approx(0.958904, rel=1e-6)
+    assert predicted_speedup(1.0, 2, c) == pytest.approx(30 / 18)  # a perfect draft: 3 tokens per 18 ms step
+
+
 def test_predicted_speedup_cpu_loses_gpu_wins():
     assert predicted_speedup(0.83, 3, CPU) < 1
     assert predicted_speedup(0.83, 3, GPU) > 1.5
@@ -236,8 +251,9 @@ def test_a_batch_size_irregular_curve_is_read_per_block_size_not_smoothed():
     a = 0.95
     # gamma 7 verifies a block of 8: 63.1 ms, cheaper than gamma 6's block of 7 (75.0 ms)
     assert IRREGULAR.verify(8) == 63.1 and IRREGULAR.verify(7) == 75.0
-    s7 = expected_tokens(a, 7) * 14.6 / (7 * 3.0 + a ** 7 * 0.5 + 63.1)
-    s6 = expected_tokens(a, 6) * 14.6 / (6 * 3.0 + a ** 6 * 0.5 + 75.0)
-    assert predicted_speedup(a, 7, IRREGULAR) == pytest.approx(s7) and s7 > s6
+    # gamma 7: E = (1 - 0.95^8) / 0.05 = 6.73159; step = 7 x 3.0 + 0.95^7 x (3.5 - 3.0) + 63.1 = 84.44917 ms;
+    # speedup = 6.73159 x 14.6 / 84.44917 = 1.16379. gamma 6: E = 6.03325, step = 18 + 0.36755 + 75.0, 0.94343
+    assert predicted_speedup(a, 7, IRREGULAR) == pytest.approx(1.163792, rel=1e-6)
+    assert predicted_speedup(a, 6, IRREGULAR) == pytest.approx(0.943427, rel=1e-6)
     assert best_gamma(a, IRREGULAR, 8) == 7  # the dip at 8 tokens, found
     assert best_gamma(0.3, IRREGULAR, 8) == 0  # and no gamma when acceptance is low

@@ -4,9 +4,12 @@ import json
 
 import pytest
 
+from harness.rundir import trace_files
+from harness.trace import read_records
 from harness.plan import Instance, Params, expand
 from harness.proposers import Drafting
-from tests.test_bench import harness, md_table, one_line_error
+from tests.conftest import PROMPT_FILE
+from tests.helpers import ROOT, harness, md_table, one_line_error, report_md
 
 T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
 SAMPLED = {"temperature": 0.8, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "seed": 0}
@@ -20,13 +23,19 @@ def test_rules_are_swept_only_where_they_differ_and_old_ids_stay():
     assert got == {(0.0, D, "leviathan", 0.0), (0.0, D, "leviathan", 0.5), (0.0, "ngram:2", "leviathan", 0.0),
                    (0.8, D, "leviathan", 0.0), (0.8, D, "leviathan", 0.5), (0.8, D, "exact", 0.0),
                    (0.8, D, "exact", 0.5), (0.8, "ngram:2", "leviathan", 0.0), (0.8, "ngram:2", "exact", 0.0)}
-    old = Instance(T, D, 2, SAMPLED, 0, 0, 2)  # a run from before these fields names its units the same
-    assert old.id == "g2-" + __import__("hashlib").sha1(json.dumps(
-        {k: v for k, v in old.__dict__.items() if k in ("target", "draft", "gamma", "policy", "ngl", "ngl_draft",
-                                                        "threads", "adaptive")},
-        sort_keys=True).encode()).hexdigest()[:10]
-    assert Instance(T, D, 2, SAMPLED, 0, 0, 2, verify="exact").id != old.id
+    assert Instance(T, D, 2, SAMPLED, 0, 0, 2, verify="exact").id != Instance(T, D, 2, SAMPLED, 0, 0, 2).id
     assert Drafting("exact", 0.75, 2).label(D) == f"{D} (exact, p-min 0.75, n-min 2)"
+
+
+@pytest.mark.parametrize("run", ["20261130-143720-vm", "20261201-170912-vm", "20261201-194704-vm"])
+def test_ids_are_those_committed_runs_recorded(run):
+    """A configuration's id names its traces: the ids the code gives today the plans of the first day (before
+    the drafting fields) and of later days must be those their runs recorded, or their traces could not be found."""
+    d = ROOT / "reports" / "runs" / run
+    plan = json.loads((d / "plan.json").read_text())
+    recorded = {json.loads(x)["config"] for x in (d / "results.jsonl").read_text().splitlines()}
+    ids = {Instance(**i).id for i in plan["instances"]}
+    assert recorded <= ids and set(plan.get("timed") or ids) <= recorded  # a timed subset ran only its choice
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +43,8 @@ def rules_run(tmp_path_factory, smol, smol_q2k):
     out = tmp_path_factory.mktemp("rules")
     r = harness("bench", "--target", T, "--draft", D, "--gamma", "3", "--temp", "0.8", "--top-p", "0.9",
                 "--verify", "leviathan,exact", "--draft-p-min", "0,0.6", "--draft-n-min", "0,2",
-                "--categories", "code", "--per-category", "2", "--max-tokens", "24", "--paired", "--out", str(out))
+                "--prompts", str(PROMPT_FILE), "--categories", "code", "--per-category", "2", "--max-tokens", "16",
+                "--out", str(out))
     assert r.returncode == 0, r.stderr
     run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
     return run, (out / f"{run.name}.md").read_text()
@@ -52,7 +62,7 @@ def test_exact_rule_and_p_min_in_the_sweep_and_report(rules_run):
         recs = [json.loads(x) for x in (run / "traces" / f"{i.id}.jsonl").read_text().splitlines()]
         steps[(i.verify, i.p_min, i.n_min)] = [r for r in recs if r.get("type") == "step"]
     exact = [s for s in steps[("exact", 0.0, 0)] if s["proposed"]]
-    # llama.cpp's rule: alpha at a drafted position is p(the draft's token), never Leviathan's overlap
+    # a probability at every drafted position (that it is p(the draft's token) is tested on a scripted engine)
     assert exact and all(0 <= a <= 1 for s in exact for a in s["alpha"])
     full = [s["proposed"] for s in steps[("leviathan", 0.0, 0)]]
     pmin = [s["proposed"] for s in steps[("leviathan", 0.6, 0)]]
@@ -77,24 +87,18 @@ def test_bad_drafting_options_are_one_line(tmp_path, args, words):
                            str(tmp_path / "r")), *words)
 
 
-def test_the_replay_predicts_both_rules_and_times_what_it_chose(tmp_path, smol, smol_q2k):
-    out = tmp_path / "r"
-    r = harness("bench", "--target", T, "--draft", D, "--gamma", "1,2", "--temp", "0.8", "--top-p", "0.9",
-                "--verify", "leviathan,exact", "--categories", "code,grounded", "--per-category", "2",
-                "--max-tokens", "16", "--replay", "--replay-gamma", "3", "--timed-subset", "1", "--paired",
-                "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
-    recs = [json.loads(x) for f in (run / "replay" / "traces").glob("*.jsonl") for x in f.read_text().splitlines()]
-    rep = [x for x in recs if x["type"] == "replay"]
+def test_the_replay_predicts_both_rules_and_times_what_it_chose(replay_run):
+    run = replay_run
+    recs = [r for f in trace_files(run / "replay") for r in read_records(f)]
+    rep = [x for x in recs if x["type"] == "replay" and x["policy"] != "greedy" and x["proposer"] == D]
     assert rep and all(len(x["alpha_exact"]) == len(x["alpha"]) for x in rep)
-    md = (out / f"{run.name}.md").read_text()
-    pred = md_table(md, "### Predicted speedup")
-    assert {x["proposer"] for x in pred} == {D, f"{D} (exact)"}
+    md = report_md(run)
+    pred = {x["proposer"] for x in md_table(md, "### Predicted speedup")}
+    assert {D, f"{D} (exact)", "ngram:2"} <= pred
     rules = md_table(md, "### Verification rules (replayed)")
-    assert {(x["category"], x["draft"]) for x in rules} == {("code", D), ("grounded", D)}
+    assert {(x["category"], x["draft"]) for x in rules} >= {("code", D), ("chat", D)}
     assert all(x["alpha leviathan"] and x["alpha exact"] for x in rules)
     timed = md_table(md, "### Replayed against timed")
-    assert {x["proposer"] for x in timed} == {D, f"{D} (exact)"}  # the subset timed both rules, like for like
+    assert {D, f"{D} (exact)"} <= {x["proposer"] for x in timed}  # the subset timed both rules, like for like
     r = harness("report", str(run), "--check")
     assert r.returncode == 0, r.stdout + r.stderr

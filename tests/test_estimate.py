@@ -1,6 +1,8 @@
 """The time estimate's parts, from given decode costs (no model is loaded: the costs are passed in, as bench
 passes the ones it measured on the idle machine)."""
-from harness.bench.estimate import LOAD_S, estimate_s, replay_s, subset_s
+import pytest
+
+from harness.bench.estimate import LOAD_S, replay_s, subset_s
 from harness.plan import Instance
 from harness.prompts import Prompt
 
@@ -22,19 +24,28 @@ def test_replay_costs_one_draft_decode_per_output_token_under_greedy_and_batched
     greedy = replay_s([base], ps, [D], 8, 32, tmp_path, dict(MEASURED))
     sampled = replay_s([sbase], ps, [D], 8, 32, tmp_path, dict(MEASURED))
     g_target, s_target = (replay_s([b], ps, [], 8, 32, tmp_path, dict(MEASURED)) for b in (base, sbase))
-    assert only_load > LOAD_S  # the target's in-situ costs and its load, without prompts
+    assert only_load == LOAD_S  # without prompts the replay measures nothing: the target's load alone
     # greedy: the draft decodes each of the 10 x 32 output tokens on its own, 10 ms each
     assert greedy - g_target > 320 * 10 / 1000
     # sampling: the draft's pass is batched, and the target needs one too (its p), which greedy does not
     assert sampled - s_target < greedy - g_target
-    assert s_target > g_target == only_load
+    # greedy: no target pass, only its in-situ costs where the prompts' rows decode (from 100 to 132 tokens)
+    assert s_target > g_target > only_load
     assert replay_s([base], prompts(10), [D], 8, 32, tmp_path, dict(MEASURED)) > greedy  # grows with prompts
 
 
 def test_timed_subset_is_costed_as_gamma_one_and_one_more_gamma_on_each_categorys_first_prompts(tmp_path):
     insts = [Instance(T, "none", 0, GREEDY, 0, 0, 2)] + [Instance(T, D, g, GREEDY, 0, 0, 2) for g in (1, 2, 4)]
     ps = prompts(10)
-    firsts = [p for p in ps if p.id.endswith("-0")]
-    got = subset_s(insts, ps, 1, 32, True, tmp_path, dict(MEASURED))
-    assert got == 2 * estimate_s([(insts[1], firsts)], 32, 1, True, tmp_path, dict(MEASURED))
-    assert subset_s(insts, ps, 3, 32, True, tmp_path, dict(MEASURED)) > got
+    # By hand, n = 1: code-0 and creative-0, 2 x 32 = 64 tokens out, 2 x 400 / 4 = 200 prompt tokens. Uncalibrated
+    # costs: a decode 30 ms, verifying 2 tokens 30 x (1 + 1/3) = 40 ms, a draft decode 10 ms. Gamma 1 at alpha
+    # 0.6: a step 10 + 40 = 50 ms for 1.6 tokens, 31.25 ms a token, plus the paired plain run's 30 ms:
+    #   64 x (31.25 + 30)                  = 3920 ms
+    #   200 x 30 x 0.22 x 3 prompt passes  = 3960 ms (speculative target and draft, plain twin)
+    #   worker start-up                    = 2000 ms
+    # 9.88 s, twice (gamma 1 and the predicted best gamma, costed alike): 19.76 s
+    assert subset_s(insts, ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(19.76)
+    # n = 3: 192 tokens out, 600 prompt tokens: 2 x (192 x 61.25 + 600 x 19.8 + 2000) / 1000
+    assert subset_s(insts, ps, 3, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(51.28)
+    # gammas 2 and 4 add nothing: the subset is costed from the gamma-1 configurations alone
+    assert subset_s(insts[:2], ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(19.76)

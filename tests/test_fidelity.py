@@ -153,6 +153,7 @@ def smol_rows():
     return F.fidelity(str(SMOL), [str(SMOL_Q2), str(SMOL)], PROMPTS, max_tokens=16, threads=1)
 
 
+@pytest.mark.slow
 def test_smollm2_reference_row(smol_rows):
     ref = smol_rows[0]
     assert ref["model"] == "smollm2-135m-instruct-q4_1" and ref["quant"] == "Q4_1"
@@ -163,6 +164,7 @@ def test_smollm2_reference_row(smol_rows):
     assert ref["bytes"] == SMOL.stat().st_size and ref["requantized"] is False
 
 
+@pytest.mark.slow
 def test_smollm2_q2k_row(smol_rows):
     ref, q2 = smol_rows[0], smol_rows[1]
     assert q2["model"] == "smollm2-135m-instruct-q2_k" and q2["quant"] == "Q2_K"
@@ -174,6 +176,7 @@ def test_smollm2_q2k_row(smol_rows):
     assert q2["bytes"] < ref["bytes"]
 
 
+@pytest.mark.slow
 def test_smollm2_against_itself(smol_rows):
     same = smol_rows[2]
     assert same["positions"] == smol_rows[0]["positions"]

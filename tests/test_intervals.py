@@ -74,17 +74,41 @@ def test_interval_is_conservative_where_prompts_barely_differ():
     assert coverage(5, 0.5, 0.05, runs=100) >= 0.95
 
 
-def test_point_estimates_are_the_pooled_figures_and_the_bootstrap_is_seeded():
+# Two prompts by hand. A: three speculative steps (3 of gamma 3 proposed, 2 accepted; 2 proposed, 0 accepted; a
+# plain step), timed 10/20/10 ms in a generation that took 80 ms; its plain twin 5 tokens, 5/5/5/5/10 ms of 150.
+# B: one step (2 of 2 accepted), 30 ms of 30; its plain twin 3 tokens, 10/10/10 ms of 45.
+A_SPEC = step_matrix([3, 1, 1], [10, 20, 10], [2, 0, 0], [3, 2, 0], [2.1, 0.3, 0.0], [3, 1, 0], 80.0, spec=True)
+A_PLAIN = step_matrix([1] * 5, [5, 5, 5, 5, 10], None, None, None, None, 150.0, spec=False)
+B_SPEC = step_matrix([3], [30], [2], [2], [1.8], [2], 30.0, spec=True)
+B_PLAIN = step_matrix([1, 1, 1], [10, 10, 10], None, None, None, None, 45.0, spec=False)
+
+
+def test_step_matrix_columns_by_hand():
+    # FIELDS: spec_tokens, spec_ms, plain_tokens, plain_ms, accepted, proposed, vsteps, alpha_sum, alpha_n.
+    # A's times scaled 80 / 40 = 2x; vsteps is 1 where the step proposed anything.
+    np.testing.assert_allclose(A_SPEC, [[3, 20, 0, 0, 2, 3, 1, 2.1, 3],
+                                        [1, 40, 0, 0, 0, 2, 1, 0.3, 1],
+                                        [1, 20, 0, 0, 0, 0, 0, 0.0, 0]])
+    # the plain twin: 150 / 30 = 5x, only the plain columns
+    np.testing.assert_allclose(A_PLAIN, [[0, 0, 1, t, 0, 0, 0, 0, 0] for t in (25, 25, 25, 25, 50)])
+    # no step times at all: gen_ms shared evenly (10 / 2)
+    np.testing.assert_allclose(step_matrix([1, 1], [0, 0], None, None, None, None, 10.0, spec=False)[:, 3], [5, 5])
+
+
+def test_point_estimates_are_the_pooled_figures_by_hand():
+    iv = row_intervals(Row([[Generation(A_SPEC, A_PLAIN)], [Generation(B_SPEC, B_PLAIN)]]), "by-hand")
+    # pooled, not per prompt: spec 8 tokens in 80 + 30 = 110 ms, plain 8 tokens in 150 + 45 = 195 ms
+    assert iv["speedup"] == pytest.approx(195 / 110)  # (8/110) / (8/195) = 1.7727
+    assert iv["acceptance_rate"] == pytest.approx(4 / 7)  # accepted 2 + 0 + 2 of proposed 3 + 2 + 2
+    assert iv["mean_accepted_len"] == pytest.approx(4 / 3)  # accepted 4 over 3 steps that proposed
+    assert iv["alpha"] == pytest.approx(0.7)  # alpha sums 2.1 + 0.3 + 1.8 = 4.2 over 3 + 1 + 2 positions
+    assert iv["prompts"] == 2
+
+
+def test_the_bootstrap_brackets_the_estimate_and_is_seeded():
     rng = np.random.default_rng(3)
     row = Row([synthetic_prompt(rng, 0.7, 0.1) for _ in range(4)])
     iv = row_intervals(row, "row-a")
-    gens = [g for p in row.prompts for g in p]
-    spec = sum(g.spec.sum(axis=0) for g in gens)
-    plain = sum(g.plain.sum(axis=0) for g in gens)
-    assert iv["speedup"] == pytest.approx((spec[0] / spec[1]) / (plain[2] / plain[3]))
-    assert iv["acceptance_rate"] == pytest.approx(spec[4] / spec[5])
-    assert iv["mean_accepted_len"] == pytest.approx(spec[4] / spec[6])
-    assert iv["alpha"] == pytest.approx(spec[7] / spec[8])
     assert iv["speedup_lo"] < iv["speedup"] < iv["speedup_hi"] and iv["prompts"] == 4
     assert 0 <= iv["acceptance_rate_lo"] < iv["acceptance_rate"] < iv["acceptance_rate_hi"] <= 1
     assert row_intervals(row, "row-a") == iv  # seeded by the row's key: a report regenerates identically

@@ -8,7 +8,8 @@ import pytest
 from harness.engine import EngineConfig, _flash_attn_used, cache_bytes, captured_log, memory_breakdown, on_host
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, check, expand
-from tests.test_bench import harness, md_table, one_line_error
+from tests.conftest import PROMPT_FILE
+from tests.helpers import harness, md_table, one_line_error
 
 T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
@@ -116,8 +117,9 @@ def test_quantized_v_without_flash_attention_is_refused_before_anything_runs(tmp
 def knobs_run(tmp_path_factory, smol, smol_q2k):
     out = tmp_path_factory.mktemp("knobs")
     r = harness("bench", "--target", T, "--draft", D, "--gamma", "2", "--cache-type-k-draft", "f16,q4_0",
-                "--cache-type-v-draft", "f16,q4_0", "--flash-attn", "on", "--ubatch", "512,32", "--categories",
-                "code", "--per-category", "1", "--max-tokens", "12", "--paired", "--out", str(out))
+                "--cache-type-v-draft", "f16,q4_0", "--flash-attn", "on", "--ubatch", "512,32", "--prompts",
+                str(PROMPT_FILE), "--categories", "code", "--per-category", "1", "--max-tokens", "12", "--paired",
+                "--out", str(out))
     assert r.returncode == 0, r.stderr
     run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
     return run, (out / f"{run.name}.md").read_text()
@@ -161,7 +163,7 @@ def test_knobs_name_their_rows_and_pair_with_their_own_plain_twins(knobs_run):
 
 
 def test_several_targets_get_a_quantization_table_with_their_fidelity(tmp_path, smol, smol_q2k):
-    r = harness("bench", "--target", f"{T},{D}", "--draft", "ngram:2", "--gamma", "2", "--categories", "code,creative",
+    r = harness("bench", "--target", f"{T},{D}", "--draft", "ngram:2", "--gamma", "2", "--prompts", str(PROMPT_FILE),
                 "--per-category", "1", "--max-tokens", "12", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     run = next(d for d in (tmp_path / "runs").iterdir() if not d.is_symlink())

@@ -10,7 +10,7 @@ from harness.loop import Request, check_fits, generate
 from harness.proposers import DraftModelProposer, NgramProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
-from tests.fakes import EOS, FakeEngine, ScriptedProposer
+from tests.fakes import EOS, FakeEngine, LogitsEngine, ScriptedProposer
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -176,6 +176,38 @@ def test_a_rejection_before_the_end_of_generation_is_counted_as_usual():
     assert gen["tokens"] == [5, 6] and gen["stop"] == "eos"
     assert (steps[0]["accepted"], steps[0]["accepted_raw"], steps[0]["rejected_at"]) == (1, 1, 1)
     assert sum(s["accepted"] for s in steps) == gen["from_draft"].count("d")
+
+
+# A sampling target scripted per output position, and drafts for each position (tests.fakes.LogitsEngine)
+ALPHA_TARGET = [{3: 4, 5: 3, 7: 2, 9: 1}, {2: 1, 4: 1, 6: 2}, {3: 1, 8: 1}, {1: 7, 2: 2, 3: 1}, {4: 1}]
+ALPHA_DRAFTS = [5, 6, 8, 3, 4]
+# p_target(draft) after T 0.5 over top_p 0.8 (of the raw softmax), by hand:
+#   0: raw 0.4 0.3 0.2 0.1, top_p keeps 3 5 7, squared 16 9 4: p(5) = 9/29
+#   1: raw 0.5 (6) 0.25 0.25, all kept (0.75 < 0.8), 4 1 1: p(6) = 4/6
+#   2: raw 0.5 0.5, both kept: p(8) = 1/2
+#   3: raw 0.7 0.2 0.1, top_p keeps 1 2 (0.9): p(3) = 0, though the raw softmax gives it 0.1
+ALPHA_BY_POSITION = [9 / 29, 4 / 6, 1 / 2, 0.0]
+
+
+@pytest.mark.parametrize("rule", ["exact", "leviathan"])
+def test_alpha_at_each_drafted_position_is_the_targets_probability_of_the_draft(rule):
+    """The exact rule accepts a draft x with probability p(x) (its alpha); so does rejection sampling for a
+    point-mass draft (sum min(p, q) = p(x)). Over seeds the steps start at different positions: every drafted
+    position's alpha in every step record is checked."""
+    target = LogitsEngine(3, ALPHA_TARGET)
+    seen = set()
+    for seed in range(30):
+        tw = TraceWriter(None, keep=True)
+        generate(target, Request("p", [1, 2, 3], 5), Policy(temperature=0.5, top_p=0.8, seed=seed),
+                 ScriptedProposer(3, ALPHA_DRAFTS), 3, tw, rule=rule)
+        pos = 0
+        for s in (r for r in tw.records if r["type"] == "step"):
+            assert len(s["alpha"]) == s["proposed"]
+            for i, a in enumerate(s["alpha"]):
+                assert a == pytest.approx(ALPHA_BY_POSITION[pos + i], abs=2e-6), (seed, pos, i)
+                seen.add(pos + i)
+            pos += s["emitted"]
+    assert seen == {0, 1, 2, 3}
 
 
 def test_costs_measured_in_the_worker(engines):

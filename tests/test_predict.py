@@ -5,29 +5,20 @@ import json
 
 import pytest
 
-from tests.test_bench import harness, md_table, one_line_error
+from tests.conftest import CATEGORIES, D, POLICIES, T
+from tests.helpers import harness, md_table, one_line_error
 
-T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
-PROMPTS = ("--categories", "code,grounded", "--per-category", "2", "--max-tokens", "16", "--top-p", "0.9")
 
 
 @pytest.fixture(scope="module")
-def machine(tmp_path_factory, smol, smol_q2k):
-    out = tmp_path_factory.mktemp("predict")
-    r = harness("bench", "--target", T, "--draft", f"{D},ngram:2", "--gamma", "1", "--temp", "0,0.8", *PROMPTS,
-                "--replay", "--replay-gamma", "3", "--threads", "2", "--paired", "--out", str(out / "two"))
-    assert r.returncode == 0, r.stderr
-    run = next(d for d in (out / "two" / "runs").iterdir() if not d.is_symlink())
-    cals = []
-    for m in (T, D):
-        r = harness("calibrate", m, "--threads", "1", "--k-max", "4", "--reps", "2", "--out", str(out / "cal"))
-        assert r.returncode == 0, r.stderr
-        cals.append(out / "cal" / f"{m}-t1-ngl0.json")
-    r = harness("bench", "--target", T, "--draft", f"{D},ngram:2", "--gamma", "1,3", "--temp", "0,0.8", *PROMPTS,
-                "--threads", "1", "--paired", "--out", str(out / "one"))
-    assert r.returncode == 0, r.stderr
-    timed = next(d for d in (out / "one" / "runs").iterdir() if not d.is_symlink())
-    return out, run, cals, timed
+def machine(tmp_path_factory, replay_run, calibrations, timed_run_t1):
+    """The replay at 2 threads, both models calibrated at 1 thread, the same sweep timed at 1 thread."""
+    return tmp_path_factory.mktemp("predict"), replay_run, calibrations[0], timed_run_t1
+
+
+def test_calibrate_prints_its_table_and_where_it_saved(calibrations):
+    cals, printed = calibrations
+    assert "vs k=1" in printed and all(f"saved to {c}" in printed for c in cals)
 
 
 def test_calibrations_carry_their_machine(machine):
@@ -44,11 +35,10 @@ def test_predicted_verdicts_for_the_calibrated_machine_beside_its_timed_run(mach
     md = (out / "pred" / r.stdout.strip().rsplit("/", 1)[1]).read_text()
     assert "1 threads" in md and run.name in md
     verdicts = md_table(md, "# Predicted for")
-    assert {(v["category"], v["policy"]) for v in verdicts} == {(c, p) for c in ("code", "grounded")
-                                                               for p in ("greedy", "T=0.8 top_p=0.9")}
+    assert {(v["category"], v["policy"]) for v in verdicts} == {(c, p) for c in CATEGORIES for p in POLICIES}
     assert all(v["timed there"] for v in verdicts)
     rows = md_table(md, "## Predicted against timed")
-    assert {(x["proposer"], x["gamma"]) for x in rows} == {(p, g) for p in (D, "ngram:2") for g in ("1", "3")}
+    assert {(x["proposer"], x["gamma"]) for x in rows} == {(D, "2"), ("ngram:2", "2")}  # what was timed there
     assert (out / "pred" / r.stdout.strip().rsplit("/", 1)[1].replace(".md", ".csv")).exists()
 
 

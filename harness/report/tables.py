@@ -56,7 +56,9 @@ def memory_columns(res: dict) -> dict:
         if kind == "model":
             w = weights.setdefault(b.get("model", "target"), {})
             w[b["buffer"]] = w.get(b["buffer"], 0) + b["bytes"]
-    fa = res.get("flash_attn") or {}
+    # what the worker's engines resolved flash attention to; a row that never ran (skipped, an error) carries only
+    # the setting asked for, a string
+    fa = res.get("flash_attn") if isinstance(res.get("flash_attn"), dict) else {}
     # weights by buffer type: mapped from the file, and copies llama.cpp repacks for its CPU kernels (CPU_REPACK)
     by_buffer = {f"{role}_weights": " + ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sorted(weights.get(role, {})
                                                                                                .items())) or None
