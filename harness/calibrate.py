@@ -35,12 +35,21 @@ def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int,
     return [statistics.median(t) for t in times]
 
 
+def check_args(k_max: int, reps: int) -> None:
+    """Refuse, before any model loads, what cannot be measured: a block of k tokens decodes in one batch."""
+    from harness.plan import N_BATCH
+    if k_max < 1 or reps < 1:
+        raise HarnessError("--k-max and --reps must be >= 1")
+    if k_max > N_BATCH:
+        raise HarnessError(f"--k-max {k_max} exceeds the batch size {N_BATCH} (a block of k tokens decodes in one "
+                           f"batch): give --k-max {N_BATCH} or less")
+
+
 def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, reps: int = 5) -> dict:
     """Decode costs of k = 1..k_max tokens at each of CONTEXTS cached tokens: with all logits (a verification
     block: the target's cost) and with the last row's only (how a draft decodes, catching up included: the
     output projection of a 150k vocabulary is much of a small model's cost, so the two differ)."""
-    if k_max < 1 or reps < 1:
-        raise HarnessError("--k-max and --reps must be >= 1")
+    check_args(k_max, reps)
     m = resolve(model_ref)
     require_present(m)
     cfg = EngineConfig(n_ctx=CONTEXTS[-1] + k_max + 8, n_batch=512, n_gpu_layers=ngl, threads=threads)

@@ -120,10 +120,8 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
     if (prompt_text is None) == (prompt_file is None):
         raise HarnessError("give exactly one of --prompt TEXT or --prompt-file FILE")
     if prompt_file:
-        try:
-            prompt_text = Path(prompt_file).read_text(encoding="utf-8")
-        except OSError as e:
-            raise HarnessError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
+        from harness.prompts import read_prompt_text
+        prompt_text = read_prompt_text(Path(prompt_file))
     if not prompt_text.strip():
         raise HarnessError("the prompt is empty")
     prompt = Prompt("cli", "cli", (("user", prompt_text),), prompt_text, max_tokens, chat=not raw)
@@ -132,8 +130,10 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
     if ubatch < 1:
         raise HarnessError(f"--ubatch must be >= 1, got {ubatch}")
     draft_cfg = replace(cfg, n_gpu_layers=ngl_draft, cache_k=cache_type_k_draft, cache_v=cache_type_v_draft)
-    run_one(target, draft, prompt, policy, gamma, max_tokens, cfg, draft_cfg, baseline,
-            Path(trace_path) if trace_path else None, drafting)
+    from harness.errors import naming
+    with naming(trace_path, "--trace"):  # the only file `run` writes: a full disk names it and the option
+        run_one(target, draft, prompt, policy, gamma, max_tokens, cfg, draft_cfg, baseline,
+                Path(trace_path) if trace_path else None, drafting)
 
 
 @cli.command()
@@ -216,6 +216,13 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, **opts
     from harness.plan import Params, load_profile, make_params
     command = command_line(click.get_current_context().obj["argv"])
     if resume:
+        # --out is let through: a resumed run's report goes beside its directory, as the first one did
+        given = [k for k, v in {"profile": profile, **opts}.items() if v is not None]
+        if given:
+            names = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+            raise HarnessError(f"--resume takes the run's own options from its plan.json, so {names} would be "
+                               "ignored: give --resume RUN_DIR with only --allow-busy, --rerun-busy or "
+                               "--skip-unsupported (start a new run for other options)")
         if not Path(resume).is_dir():
             raise HarnessError(f"--resume {resume}: no such run directory")
         run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command, allow_busy,
@@ -280,8 +287,11 @@ def calibrate(model, threads, ngl, k_max, reps, out):
     from pathlib import Path
 
     from harness import calibrate as cal
+    root = Path(out) if out else cal.CAL_DIR
+    cal.check_args(k_max, reps)
+    root.mkdir(parents=True, exist_ok=True)  # a --out that cannot be written fails now, not after the measuring
     c = cal.calibrate(model, threads, ngl, k_max, reps)
-    path = cal.save(c, Path(out)) if out else cal.save(c)
+    path = cal.save(c, root)
     click.echo(tabulate(cal.table_rows(c), headers=cal.table_headers(c), tablefmt="github"))
     click.echo(f"{c['model']}, {c['threads']} threads, ngl {c['ngl']}: saved to {path}")
 
@@ -340,9 +350,20 @@ def main(argv: list[str] | None = None):
     except click.ClickException as e:
         click.echo(f"harness: error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)
-    except click.Abort:
+    except click.Abort as e:
+        from harness.procs import Terminated
+        if isinstance(e.__cause__, Terminated):  # SIGTERM, SIGHUP before bench had a run to keep
+            click.echo(f"harness: error: stopped by {e.__cause__.name}", err=True)
+            sys.exit(128 + e.__cause__.signum)
         click.echo("harness: error: aborted", err=True)
         sys.exit(130)
+    except OSError as e:  # a write that failed (full disk, read-only, something in the way): one line for all
+        from harness.errors import os_error_line
+        line = os_error_line(e)
+        if line is None:
+            raise
+        click.echo(f"harness: error: {line}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

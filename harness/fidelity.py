@@ -290,5 +290,7 @@ def fidelity_command(reference: str, others, categories, per_category: int = 0, 
     other_refs = _as_list(others)
     if not other_refs:
         raise HarnessError("name at least one model to compare with the reference")
+    if per_category < 0:
+        raise HarnessError(f"--per-category must be >= 0 (0 = every prompt of each category), got {per_category}")
     prompts = prompts_mod.load(_as_list(categories) or None, None, per_category)
     return format_table(fidelity(reference, other_refs, prompts, max_tokens=max_tokens, threads=threads))

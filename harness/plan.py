@@ -65,16 +65,22 @@ class Params:
 
 
 def load_profile(name: str, path: Path | None = None) -> dict:
+    from harness.prompts import read_text
     path = path or profiles_file()
     if not path.exists():
         raise HarnessError(f"profiles file {path} not found")
     try:
-        profiles = tomllib.loads(path.read_text()).get("profiles", {})
+        profiles = tomllib.loads(read_text(path, "profiles file")).get("profiles", {})
     except tomllib.TOMLDecodeError as e:
         raise HarnessError(f"{path} is not valid TOML: {e}") from None
+    if not isinstance(profiles, dict):
+        raise HarnessError(f"{path}: 'profiles' must be a table of profiles ([profiles.NAME] sections), "
+                           f"got {profiles!r}")
     if name not in profiles:
         raise HarnessError(f"unknown profile '{name}' (known: {', '.join(profiles) or 'none'}) in {path}")
     prof = profiles[name]
+    if not isinstance(prof, dict):
+        raise HarnessError(f"{path}: profile '{name}' must be a table of options ([profiles.{name}]), got {prof!r}")
     unknown = set(prof) - set(LIST_KEYS) - set(SCALAR_KEYS)
     if unknown:
         raise HarnessError(f"profile '{name}' has unknown keys: {', '.join(sorted(unknown))}")
@@ -96,6 +102,8 @@ def make_params(profile: dict, overrides: dict) -> Params:
             if k in LIST_KEYS:
                 v = _as_list(k, v)
             elif k in ("categories", "prompts"):
+                if not isinstance(v, (str, list)):
+                    raise HarnessError(f"{k} must be a list of names, got {v!r} ({where})")
                 v = [x for x in (v.split(",") if isinstance(v, str) else v) if x]
                 if not all(isinstance(x, str) for x in v):
                     raise HarnessError(f"{k} must be a list of names, got {src[k]!r} ({where})")
@@ -119,6 +127,12 @@ def check(p: Params) -> None:
         bad = [v for v in getattr(p, key) if v < 0]
         if bad:
             raise HarnessError(f"--{key.replace('_', '-')} values must be >= 0, got {bad[0]}")
+    import os
+    cores = os.cpu_count() or 1
+    if max(p.threads, default=0) > cores:
+        raise HarnessError(f"--threads {max(p.threads)} exceeds this machine's {cores} logical cores: give at most "
+                           f"{cores} (0 = its physical cores)")
+    _check_n_min(p)
     from harness.engine import MIN_CTX
     if p.n_ctx < MIN_CTX:
         raise HarnessError(f"--n-ctx must be at least {MIN_CTX}, got {p.n_ctx}")
@@ -152,6 +166,20 @@ def check(p: Params) -> None:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
 
 
+def _check_n_min(p: Params) -> None:
+    """A model draft shorter than --draft-n-min is dropped, and no draft is longer than gamma: n-min above a
+    gamma the sweep pairs it with would never speculate."""
+    from harness.pair import parse_ngram
+    if not any(d != "none" and parse_ngram(d) is None for d in p.draft):
+        return  # an n-gram lookup has no n-min
+    gammas = [g if isinstance(g, int) else int(str(g).partition(":")[2] or 0) for g in p.gamma]
+    for nm in p.draft_n_min:
+        low = [g for g in gammas if g and nm > g]
+        if low:
+            raise HarnessError(f"--draft-n-min {nm} exceeds --gamma {min(low)}: a draft is at most gamma tokens and "
+                               "one shorter than n-min is dropped, so it would never speculate; give n-min <= gamma")
+
+
 def check_parallel(p: Params) -> None:
     if any(v < 1 for v in p.parallel):
         raise HarnessError(f"--parallel values must be >= 1 (requests decoded together), got {min(p.parallel)}")
@@ -181,6 +209,8 @@ def _as_list(key: str, v) -> list:
             "cache_type_k": str, "cache_type_v": str, "cache_type_k_draft": str, "cache_type_v_draft": str,
             "flash_attn": str, "ubatch": int, "parallel": int}[key]
     try:
+        if any(isinstance(x, (list, dict)) for x in items):
+            raise ValueError
         return [conv(x) for x in items]
     except ValueError:
         raise HarnessError(f"--{key.replace('_', '-')}: cannot read {v!r} as a list of {conv.__name__}") from None
@@ -190,12 +220,12 @@ def _gamma(x) -> int | str:
     """An int, or 'auto' / 'auto:N' (adaptive gamma up to N)."""
     if isinstance(x, str) and x.startswith("auto"):
         _, _, n = x.partition(":")
-        if n and not n.isdigit():
-            raise HarnessError(f"--gamma {x}: use auto or auto:N")
+        if n and (not n.isdigit() or int(n) < 1):
+            raise HarnessError(f"--gamma {x}: use auto or auto:N with N >= 1 (the longest draft)")
         return x
     try:
         return int(x)
-    except ValueError:
+    except (TypeError, ValueError):
         raise HarnessError(f"--gamma: cannot read {x!r} (an integer >= 1, auto or auto:N)") from None
 
 
@@ -301,6 +331,10 @@ def expand(p: Params) -> list[Instance]:
             raise HarnessError(f"--gamma values must be >= 1, got {g}")
     gammas = [(g, False) if isinstance(g, int) else (int(g.partition(":")[2] or max(fixed, default=8)), True)
               for g in p.gamma]
+    widest = max((g for g, _ in gammas), default=0)
+    if widest + 1 > N_BATCH:  # a step verifies gamma + 1 tokens in one decode of at most N_BATCH
+        raise HarnessError(f"--gamma {widest}: a step verifies gamma + 1 = {widest + 1} tokens in one batch of "
+                           f"{N_BATCH}: the largest gamma is {N_BATCH - 1}")
     policies = [Policy(t, k, tp, mp, p.seed) for t, k, tp, mp in itertools.product(p.temp, p.top_k, p.top_p, p.min_p)]
     policies = list(dict.fromkeys(Policy(0.0, 0, 1.0, 0.0, p.seed) if x.greedy else x for x in policies))
     from harness.pair import parse_ngram

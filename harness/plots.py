@@ -23,9 +23,13 @@ def _plt():
 
 
 def save(fig, path: Path) -> Path:
+    from harness.errors import naming
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    _plt().close(fig)
+    try:
+        with naming(path):  # a full disk names the PNG (cli.main makes it one line)
+            fig.savefig(path, dpi=90)
+    finally:
+        _plt().close(fig)
     return path
 
 

@@ -1,10 +1,44 @@
 """Running a function in a fresh spawned process: clean RSS, and a crash ends only that process."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import resource
 import signal
 import sys
+import threading
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to a bench, raised in its main thread by stop_on_signals' handler: a Ctrl-C by another
+    name (the worker is stopped, what finished is kept, the run stays resumable), exiting 128 + the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While the block runs, SIGTERM and SIGHUP raise Terminated (like SIGINT's KeyboardInterrupt) instead of
+    killing the process at once and leaving its worker running as an orphan. Only the main thread can install
+    handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, _frame):
+        raise Terminated(signum)
+    old = {s: signal.signal(s, raise_terminated) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def run_isolated(target, *args, on_start=None) -> int:
@@ -18,19 +52,21 @@ def run_isolated(target, *args, on_start=None) -> int:
     The blocked mask is inherited: the child keeps SIGINT blocked, and the parent stops it."""
     p = mp.get_context("spawn").Process(target=target, args=args)
     noted: list[int] = []
-    default = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
-    if default:
-        signal.signal(signal.SIGINT, lambda *_: noted.append(1))
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # the handlers to hold back: SIGINT's default one (not where SIGINT is ignored), stop_on_signals' ones
+    held_back = {s: h for s in (signal.SIGINT, *STOP_SIGNALS) if (h := signal.getsignal(s)) is not None
+                 and (h is signal.default_int_handler if s == signal.SIGINT else callable(h))}
+    for s in held_back:
+        signal.signal(s, lambda signum, _: noted.append(signum))
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # not SIGTERM: terminate() sends it
     try:
         p.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        if default:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        for s, h in held_back.items():
+            signal.signal(s, h)
     try:
         if noted:
-            raise KeyboardInterrupt
+            held_back[noted[0]](noted[0], None)  # raises KeyboardInterrupt or Terminated
         if on_start:
             on_start(p.pid)
         p.join()

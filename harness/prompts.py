@@ -59,22 +59,70 @@ def _parse(line: str, where: str) -> Prompt:
         messages = tuple((m["role"], m["content"]) for m in msgs)
     except (TypeError, KeyError):
         raise HarnessError(f"{where}: each message needs 'role' and 'content'") from None
+    for k, (r, c) in enumerate(messages, 1):
+        for key, v in (("role", r), ("content", c)):
+            if not isinstance(v, str):
+                raise HarnessError(f"{where}: message {k}'s '{key}' must be a string, got {json.dumps(v)}")
+    if "\x00" in text or any("\x00" in r + c for r, c in messages):
+        raise HarnessError(f"{where}: the prompt holds a NUL character (\\u0000), which would cut it short there: "
+                           "remove it")
     if not text.strip() and not any(c.strip() for _, c in messages):
         raise HarnessError(f"{where}: the prompt is empty (give 'messages' or 'text')")
     mt = d.get("max_tokens", 96)
-    if not isinstance(mt, int) or mt < 1:
+    if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
         raise HarnessError(f"{where}: 'max_tokens' must be a positive integer")
-    return Prompt(pid, cat, messages, text, mt, bool(d.get("chat", bool(messages))))
+    chat = d.get("chat", bool(messages))
+    if not isinstance(chat, bool):
+        raise HarnessError(f"{where}: 'chat' must be true or false, got {chat!r}")
+    return Prompt(pid, cat, messages, text, mt, chat)
+
+
+def read_text(path: Path, what: str) -> str:
+    """An input file (a prompt file, the profiles file) as UTF-8 text, or one line saying why it cannot be read:
+    missing, a directory, unreadable, or not UTF-8 (with the line of the first bad byte)."""
+    path = Path(path)
+    if not path.exists():
+        raise HarnessError(f"{what} {path} does not exist")
+    if path.is_dir():
+        raise HarnessError(f"{what} {path} is a directory: name a file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise HarnessError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise HarnessError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x}): save the {what} as "
+                           "UTF-8") from None
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as a text-mode file gives them (\\n, \\r\\n and \\r end a line), not str.splitlines()'s wider set."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _refuse_nul(path: Path, text: str) -> None:
+    """A NUL byte would cut the prompt short where llama.cpp reads it as a C string: refused, with its line."""
+    if "\x00" in text:
+        line = len(_lines(text[:text.index("\x00")]))
+        raise HarnessError(f"{path}:{line}: a NUL byte, which would cut the prompt short there: remove it")
+
+
+def read_prompt_text(path: Path) -> str:
+    """The text of `harness run --prompt-file`: UTF-8, no NUL byte."""
+    text = read_text(path, "prompt file")
+    _refuse_nul(path, text)
+    return text
 
 
 def load_file(path: Path) -> list[Prompt]:
-    if not path.exists():
-        raise HarnessError(f"prompt file {path} does not exist")
+    text = read_text(path, "prompt file")
+    _refuse_nul(path, text)
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                out.append(_parse(line, f"{path}:{n}"))
+    for n, line in enumerate(_lines(text), 1):
+        if line.strip():
+            out.append(_parse(line, f"{path}:{n}"))
     if not out:
         raise HarnessError(f"prompt file {path} is empty")
     return out
@@ -87,12 +135,23 @@ def load(categories: list[str] | None = None, paths: list[Path] | None = None, p
     else:
         cats = categories or list(CATEGORIES)
         d = prompts_dir()
+        if not d.is_dir():
+            how = "set by HARNESS_PROMPTS_DIR" if "HARNESS_PROMPTS_DIR" in os.environ else \
+                "the default, relative to the current directory"
+            state = "is not a directory" if d.exists() else "does not exist"
+            raise HarnessError(f"the prompts directory {d} ({how}) {state}: run from the project root, point "
+                               "HARNESS_PROMPTS_DIR at the directory of <category>.jsonl files, or give --prompts FILE")
         for c in cats:
             if not (d / f"{c}.jsonl").exists():
                 known = sorted(p.stem for p in d.glob("*.jsonl"))
                 raise HarnessError(f"unknown prompt category '{c}' (known: {', '.join(known)})")
         prompts = [p for c in cats for p in load_file(d / f"{c}.jsonl")]
     if categories and paths:
+        held = list(dict.fromkeys(p.category for p in prompts))
+        missing = [c for c in categories if c not in held]
+        if missing:
+            raise HarnessError(f"--categories {', '.join(missing)}: not in the prompt files "
+                               f"{', '.join(str(x) for x in paths)} (they hold: {', '.join(held)})")
         prompts = [p for p in prompts if p.category in categories]
     seen = set()
     for p in prompts:

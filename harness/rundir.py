@@ -46,6 +46,32 @@ def new_run_dir(root: Path) -> Path:
     return d
 
 
+LOCK_FILE = ".lock"
+
+
+def lock_run(run_dir: Path) -> int:
+    """Take the run directory's lock (an flock on RUN/.lock, its holder's pid written in it) for one bench
+    invocation, new run or resume; returns the descriptor to close when done. A run another harness process
+    holds is refused: two benches of one run would both run every missing unit, and duplicate rows and traces."""
+    import fcntl
+    import os
+    f = run_dir / LOCK_FILE
+    try:
+        fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise HarnessError(f"cannot lock the run directory {run_dir}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise HarnessError(f"another harness process (pid {pid}) is running {run_dir}: wait for it to finish, or "
+                           "stop it and resume the run") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def write_plan(run_dir: Path, plan: dict) -> None:
     (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
 
@@ -146,6 +172,59 @@ def unfinished(run_dir: Path, plan: dict) -> list[str]:
             in (None, "interrupted"):
         out.append("the --until-confident rounds")
     return out
+
+
+def traces_missing(run_dir: Path, row: dict, paired: bool) -> list[str]:
+    """The traces a finished ("ok") result row needs and the run directory lacks: its own, and its paired twin's
+    for a speculative configuration of a paired run. Skipped and error rows have none."""
+    if row.get("status") != "ok":
+        return []
+    unit = row.get("unit", row.get("config"))
+    dirs = [run_dir] + ([run_dir / PAIRED_DIR] if paired and row.get("draft", "none") != "none" else [])
+    return [str(trace_path(d, unit).relative_to(run_dir)) for d in dirs if trace_file(d, unit) is None]
+
+
+def integrity(run_dir: Path, plan: dict) -> list[str]:
+    """What makes the run's results disagree with its plan, each as a line: a planned unit with no result row
+    (the run is unfinished, or a row was cut or removed), a result row written twice, an unreadable line in
+    results.jsonl, a finished unit whose trace is gone. Empty for a finished, intact run."""
+    out = []
+    f = run_dir / "results.jsonl"
+    seen: dict[str, int] = {}
+    if f.exists():
+        for n, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                out.append(f"results.jsonl line {n} is unreadable (cut short)")
+                continue
+            key = json.dumps(row, sort_keys=True)
+            if key in seen:
+                unit = row.get("unit", row.get("config"))
+                out.append(f"results.jsonl line {n} repeats line {seen[key]} (unit {unit})")
+            seen.setdefault(key, n)
+    out += [f"{u} has no result row" for u in unfinished(run_dir, plan) if not u.startswith("the ")]
+    paired = bool(plan.get("params", {}).get("paired"))
+    for u, row in sorted(finished(run_dir).items()):
+        out += [f"{u} finished but its trace {t} is missing" for t in traces_missing(run_dir, row, paired)]
+    return out
+
+
+def drop_unreadable(path: Path) -> int:
+    """Rewrite a JSONL file without its unreadable lines (a row cut short in the middle, say); how many went."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    keep = []
+    for line in lines:
+        try:
+            json.loads(line)
+            keep.append(line if line.endswith("\n") else line + "\n")
+        except json.JSONDecodeError:
+            pass
+    if len(keep) != len(lines):
+        path.write_text("".join(keep), encoding="utf-8")
+    return len(lines) - len(keep)
 
 
 NOISE_FILE = "noise.jsonl"

@@ -7,7 +7,7 @@ import json
 import zlib
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, naming
 
 
 class TraceWriter:
@@ -30,13 +30,15 @@ class TraceWriter:
         if self.records is not None:
             self.records.append(rec)
         if self._f:
-            self._f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            self._f.flush()
+            with naming(self.path):  # a full disk (ENOSPC) on the write names the trace file
+                self._f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                self._f.flush()
 
     def close(self) -> None:
         if self._f:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            with naming(self.path):
+                f.close()
 
 
 def append_record(path: Path, record: dict) -> None:

@@ -78,6 +78,8 @@ def test_mismatched_inputs_are_refused(machine, tmp_path):
     one_line_error(harness("predict", str(run), "--costs", t, "--costs", far), "one machine")
     sha = _edited(cals[1], tmp_path / "sha.json", lambda c: c.update(sha256="0" * 64))
     one_line_error(harness("predict", str(run), "--costs", t, "--costs", sha), "another file")
-    short = _edited(cals[1], tmp_path / "short.json", lambda c: c.update(k=[1, 2]))
+    short = _edited(cals[1], tmp_path / "short.json", lambda c: c.update(
+        k=[1, 2], ms_by_context=[m[:2] for m in c["ms_by_context"]],
+        ms_last_by_context=[m[:2] for m in c["ms_last_by_context"]]))
     one_line_error(harness("predict", str(run), "--costs", t, "--costs", short), "--k-max 4")
     one_line_error(harness("predict", str(run), "--costs", t, "--costs", d, "--against", str(run)), "timed at")

@@ -80,7 +80,9 @@ def cost_needs(instances: list[Instance]) -> set[tuple[str, int, int]]:
 
 def prepare_calibrations(instances: list[Instance], run_dir: Path, calibrate: bool) -> None:
     """Copy (or, with --calibrate, measure) every needed calibration into the run directory.
-    Adaptive gamma cannot run without them."""
+    Adaptive gamma cannot run without them. --calibrate saves what it measures in the reports directory the run
+    lives in (--out, whose runs/ holds it): OUT/calibration; without it they are looked up there, then in
+    reports/calibration, where `harness calibrate` saves them by default."""
     import shutil
 
     from harness import calibrate as cal
@@ -89,14 +91,19 @@ def prepare_calibrations(instances: list[Instance], run_dir: Path, calibrate: bo
     adaptive = any(i.adaptive for i in instances)
     dest = run_dir / "calibration"
     dest.mkdir(exist_ok=True)
+    # run_dir is OUT/runs/NAME (a resumed one elsewhere falls back to reports/calibration)
+    from harness.rundir import RUNS_DIR
+    own = run_dir.parent.parent / "calibration" if run_dir.parent.name == RUNS_DIR else cal.CAL_DIR
+    roots = [own] + ([cal.CAL_DIR] if own.resolve() != cal.CAL_DIR.resolve() else [])
     for ref, threads, ngl in sorted(needs):
         name = resolve(ref).name
         if cal.cal_path(name, threads, ngl, dest).exists():
             continue  # a resumed run keeps the costs its finished configurations ran with
-        src = cal.cal_path(name, threads, ngl)
+        src = next((p for p in (cal.cal_path(name, threads, ngl, r) for r in roots) if p.exists()),
+                   cal.cal_path(name, threads, ngl, roots[0]))
         if calibrate:
             click.echo(f"calibrating {name} (threads {threads}, ngl {ngl})", err=True)
-            src = cal.save(cal.calibrate(ref, threads, ngl))
+            src = cal.save(cal.calibrate(ref, threads, ngl), roots[0])
         if src.exists():
             shutil.copy(src, cal.cal_path(name, threads, ngl, dest))
         elif adaptive:

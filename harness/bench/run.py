@@ -4,6 +4,7 @@ open (--until-confident), run the plain baselines once more (drift), and report.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 from dataclasses import asdict
@@ -18,8 +19,9 @@ from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand
-from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, finished, new_run_dir, noise_records,
-                            plan_rounds, read_plan, record_noise, record_result, repair_results, unit_id, write_plan)
+from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, drop_unreadable, finished, lock_run,
+                            new_run_dir, noise_records, plan_rounds, read_plan, record_noise, record_result,
+                            repair_results, traces_missing, unit_id, write_plan)
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
 
@@ -34,16 +36,33 @@ def prompt_pool(params: Params, categories: list[str] | None = None) -> list:
 
 def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
               command: str, allow_busy: bool = False, rerun_busy: bool = False) -> Path:
+    from harness.procs import stop_on_signals
+    locks: list[int] = []  # the run directory's lock, held for the whole invocation
+    try:
+        with stop_on_signals():  # SIGTERM, SIGHUP: stop like a Ctrl-C
+            return _run_bench(params, prompts, out_root, resume, skip_unsupported, command, allow_busy,
+                              rerun_busy, locks)
+    finally:
+        for fd in locks:
+            os.close(fd)
+
+
+def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
+               command: str, allow_busy: bool, rerun_busy: bool, locks: list[int]) -> Path:
     from harness.report import write_reports
     started = time.monotonic()
     if resume:
-        plan = read_plan(resume)
+        read_plan(resume)  # a directory that is not a run says so before anything is written in it
+        locks.append(lock_run(resume))
+        plan = read_plan(resume)  # read again under the lock: another process may have just finished with it
         run_dir = resume
         repair_results(run_dir)
+        drop_unreadable(run_dir / "results.jsonl")  # a row cut short mid-file: its unit runs again
         instances = [Instance(**d) for d in plan["instances"]]
         params = Params(**plan["params"])
         pool = prompt_pool(params, plan["categories"])
         rounds = plan_rounds(plan)
+        _same_models(plan)
     else:
         instances = expand(params)
         pool = prompt_pool(params) if params.until_confident else prompts
@@ -58,6 +77,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
     idle = noise.idle_check(params.busy_threshold, allow_busy)  # before anything is timed, calibration included
     if not resume:
         run_dir = new_run_dir(out_root / RUNS_DIR)
+        locks.append(lock_run(run_dir))
         from harness import sysinfo
         plan = {"schema": RUN_SCHEMA, "command": command, "params": asdict(params),
                 "instances": [asdict(i) for i in instances], "prompt_ids": rounds[0],
@@ -78,7 +98,8 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
                 import shutil
                 shutil.rmtree(run_dir)  # nothing ran: leave no empty run behind
             raise
-    done = finished(run_dir)
+    done = {u: r for u, r in finished(run_dir).items()  # a finished unit whose trace is gone runs again
+            if not traces_missing(run_dir, r, params.paired)}
     if rerun_busy:  # measure again what ran while the machine was busy
         busy = {u for u, rec in noise_records(run_dir).items() if rec.get("config") and unit_summary(rec)["busy"]}
         done = {u: r for u, r in done.items() if u not in busy}
@@ -122,18 +143,38 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
         if not params.timed_subset:  # the timed subset is paired; its baselines ran on every prompt
             _closing_baselines(instances, skipped, first, params, run_dir)
         _target_fidelity(params, first, run_dir)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from harness.procs import Terminated
         if params.until_confident:
             plan["until_confident"] = plan.get("until_confident", {}) | {"stopped": "interrupted"}
             write_plan(run_dir, plan)
         n = sum(1 for r in finished(run_dir).values() if r.get("status") == "ok")
         write_reports(run_dir)
-        raise HarnessError(f"interrupted: {n} unit(s) finished and kept; continue with "
-                           f"`harness bench --resume {run_dir}`", exit_code=130) from None
+        how, code = (f"stopped by {e.name}", 128 + e.signum) if isinstance(e, Terminated) else ("interrupted", 130)
+        raise HarnessError(f"{how}: {n} unit(s) finished and kept; continue with "
+                           f"`harness bench --resume {run_dir}`", exit_code=code) from None
     md = write_reports(run_dir)
     click.echo(f"report: {md}", err=True)
     click.echo(f"estimated {est / 60:.1f} min, took {(time.monotonic() - started) / 60:.1f} min", err=True)
     return run_dir
+
+
+def _same_models(plan: dict) -> None:
+    """Refuse to resume a run on model files other than those it started with (plan.json's sha256 of each):
+    one run would mix two files under one name."""
+    from harness.models.catalog import resolve
+    from harness.models.store import current_sha
+    for name, info in sorted((plan.get("models") or {}).items()):
+        if not info.get("sha256"):
+            continue
+        try:
+            path = resolve(name).path
+        except HarnessError:
+            continue  # no longer in the catalog: preflight says so
+        if path.exists() and (now := current_sha(path)) != info["sha256"]:
+            raise HarnessError(f"model '{name}' at {path} is not the file this run started with (sha256 "
+                               f"{info['sha256'][:12]}..., now {now[:12]}...): restore that file to resume the run, "
+                               "or start a new run")
 
 
 def _target_fidelity(params: Params, prompts: list, run_dir: Path) -> None:
@@ -271,6 +312,10 @@ def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, 
     speed drifted while the sweep ran. Kept apart in run_dir/drift."""
     base = [i for i in instances if i.baseline and i.id not in skipped]
     if not base or len(base) == len(instances):
+        return
+    ran = finished(run_dir)  # a baseline that failed in the sweep (a prompt too long, say) would fail again
+    base = [i for i in base if ran.get(i.id, {}).get("status") == "ok"]
+    if not base:
         return
     d = run_dir / DRIFT_DIR
     (d / "traces").mkdir(parents=True, exist_ok=True)

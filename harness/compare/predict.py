@@ -24,9 +24,13 @@ def load_calibrations(paths: list[str]) -> tuple[dict[str, dict], dict]:
             c = json.loads(Path(p).read_text())
         except (OSError, ValueError) as e:
             raise HarnessError(f"--costs {p}: cannot read a calibration ({e})") from None
+        if not isinstance(c, dict):
+            raise HarnessError(f"--costs {p}: holds a JSON {type(c).__name__}, not a calibration (an object written by "
+                               "`harness calibrate`): give the file that command saved")
         if "machine" not in c or "ms_last_by_context" not in c:
             raise HarnessError(f"--costs {p}: a calibration from before they carried their machine: run "
                                f"`harness calibrate {c.get('model', 'MODEL')}` again on that machine")
+        _require_costs(p, c)
         here = c["machine"] | {"threads": c["threads"], "ngl": c["ngl"]}
         if machine is not None and {k: here[k] for k in ("cpu", "host", "threads", "ngl")} != \
                 {k: machine[k] for k in ("cpu", "host", "threads", "ngl")}:
@@ -38,6 +42,25 @@ def load_calibrations(paths: list[str]) -> tuple[dict[str, dict], dict]:
     if not cals:
         raise HarnessError("give the other machine's calibrations with --costs FILE (one per model)")
     return cals, machine
+
+
+def _require_costs(p: str, c: dict) -> None:
+    """A calibration's decode costs: one positive time per k at each context (a zero would divide by zero)."""
+    fields = ("model", "threads", "ngl", "contexts", "k", "ms_by_context", "ms_last_by_context")
+    missing = [f for f in fields if f not in c]
+    if missing:
+        raise HarnessError(f"--costs {p}: not a whole calibration (no {', '.join(missing)}): run `harness calibrate` "
+                           "again on that machine")
+    rows = (c["ms_by_context"], c["ms_last_by_context"])
+    n = len(c["k"]) if isinstance(c["k"], list) else -1
+    ok = n > 0 and isinstance(c["contexts"], list) and all(
+        isinstance(r, list) and len(r) == len(c["contexts"]) and all(
+            isinstance(row, list) and len(row) == n and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in row) for row in r)
+        for r in rows)
+    if not ok:
+        raise HarnessError(f"--costs {p}: its decode costs are not one positive time per k and context (a zero or "
+                           "a missing time cannot be a cost): run `harness calibrate` again on that machine")
 
 
 def _require_match(plan: dict, cals: dict[str, dict], run: str) -> None:
@@ -84,12 +107,12 @@ def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \
     beside them, and the predictions again on the timed run's own prompts (None without)."""
     from harness.analysis.predict import predictions
     from harness.plan import Instance
+    cals, machine = load_calibrations(cal_paths)  # the --costs files first: they need no run to be refused
     plan = read_plan(run_dir)
     units = ok_units(run_dir / REPLAY_DIR) if (run_dir / REPLAY_DIR).is_dir() else set()
     if not units:
         raise HarnessError(f"{run_dir} has no replay: predictions for another machine need acceptance replayed from "
                            "every prompt (harness bench --replay)")
-    cals, machine = load_calibrations(cal_paths)
     _require_match(plan, cals, run_dir.name)
     insts = {i.id: i for i in (Instance(**d) for d in plan["instances"])}
     gamma_max = plan["params"].get("replay_gamma", 8)
@@ -163,7 +186,9 @@ def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine:
 
 
 def predict_command(run_dir: str, cal_paths: list[str], against: str | None, out: str) -> Path:
+    from harness.errors import check_out_dir
     from harness.report.replayed import predicted_verdicts
+    check_out_dir(out)
     rd = Path(run_dir)
     if not rd.is_dir():
         raise HarnessError(f"{run_dir}: no such run directory")

@@ -187,6 +187,15 @@ def compare_command(run_dirs: list[str], out: str, formats: tuple[str, ...]) -> 
     bad = [x for x in formats if x not in ("md", "csv", "json", "parquet")]
     if bad:
         raise HarnessError(f"unknown format '{bad[0]}' (md, csv, json, parquet)")
+    from harness.errors import check_out_dir
+    check_out_dir(out)
+    seen: dict[Path, str] = {}
+    for d in run_dirs:
+        key = Path(d).resolve()
+        if key in seen:
+            twice = f"{d} is given twice" if seen[key] == d else f"{seen[key]} and {d} are the same run"
+            raise HarnessError(f"{twice}: compare each run once")
+        seen[key] = d
     runs = [open_run(Path(d)) for d in run_dirs]
     notes = require_comparable(runs)
     for r in runs:

@@ -175,4 +175,9 @@ def require_present(m: Model) -> Path:
             m.kind, f"run `harness models fetch {m.name}`")
         raise HarnessError(f"model '{m.name}' is not present at {m.path}: {hint}")
     check_gguf_file(m.path)
+    from harness.models.store import changed_since_verified
+    if (want := changed_since_verified(m.path)) is not None:
+        raise HarnessError(f"model '{m.name}' at {m.path} is not the file that was verified (sha256 "
+                           f"{want[:12]}...): it changed on disk; run `harness models fetch {m.name}` to get it "
+                           "again (or verify it afresh)")
     return m.path

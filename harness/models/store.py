@@ -50,5 +50,27 @@ def recorded_sha(path: Path) -> str | None:
     return None
 
 
+def current_sha(path: Path) -> str:
+    """The file's sha256: the sidecar's while its size and mtime are those it recorded (cheap), else hashed."""
+    return recorded_sha(path) or sha256_file(path)
+
+
+def changed_since_verified(path: Path) -> str | None:
+    """The sha256 the sidecar verified, when the file no longer has it; None while it does (or when nothing was
+    verified). Only a file whose size or mtime moved is hashed again; one that still matches has its sidecar
+    brought up to date (a copy or a touch), so the next look is cheap again."""
+    info = read_sidecar(path)
+    want = info.get("sha256")
+    if not want or "bytes" not in info or "mtime_ns" not in info or recorded_sha(path) == want:
+        return None
+    if sha256_file(path) != want:
+        return want
+    try:
+        write_sidecar(path)
+    except OSError:
+        pass  # a read-only models directory: the next look hashes again
+    return None
+
+
 def mark_verified(path: Path, sha: str, **info) -> dict:
     return write_sidecar(path, sha256=sha, verified_at=time.strftime("%Y-%m-%dT%H:%M:%S"), **info)

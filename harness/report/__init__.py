@@ -7,10 +7,10 @@ from pathlib import Path
 
 import polars as pl
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, naming
 from harness.report.render import render_markdown
 from harness.report.tables import compute
-from harness.rundir import RUNS_DIR, read_plan, repair_results
+from harness.rundir import RUNS_DIR, integrity, read_plan, repair_results
 
 
 def reports_root(run_dir: Path) -> Path:
@@ -43,14 +43,16 @@ def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> P
     data = compute(run_dir)
     root = reports_root(run_dir)
     md = root / f"{run_dir.name}.md"
-    if "md" in formats:
-        draw_plots(run_dir, data)
-        md_text = render_markdown(run_dir, data, root)
-        md.write_text(md_text)
-        (root / "latest.md").write_text(md_text)
-    for fmt in formats:
-        if fmt != "md":
-            export(data, run_dir, fmt)
+    with naming(None, run=run_dir):  # a full disk: one line that says the run's results are kept
+        if "md" in formats:
+            draw_plots(run_dir, data)
+            md_text = render_markdown(run_dir, data, root)
+            for p in (md, root / "latest.md"):
+                with naming(p):
+                    p.write_text(md_text)
+        for fmt in formats:
+            if fmt != "md":
+                export(data, run_dir, fmt)
     return md
 
 
@@ -83,13 +85,18 @@ def export(data: dict[str, pl.DataFrame], run_dir: Path, fmt: str) -> Path:
 def check(run_dir: Path, data: dict[str, pl.DataFrame] | None = None) -> list[str]:
     """Differences between the written Markdown report and one recomputed from the traces now (or rendered from
     data, the run's figures as compute gave them)."""
-    read_plan(run_dir)  # a directory that is not a run says so first
+    plan = read_plan(run_dir)  # a directory that is not a run says so first
     md = reports_root(run_dir) / f"{run_dir.name}.md"
     if not md.exists():
         raise HarnessError(f"no report for {run_dir} at {md}: run `harness report {run_dir}` first")
     fresh = render_markdown(run_dir, compute(run_dir) if data is None else data, md.parent).splitlines()
     old = md.read_text().splitlines()
-    diffs = [f"line {i + 1}: report has {a!r}, traces give {b!r}" for i, (a, b) in enumerate(zip(old, fresh)) if a != b]
+    # first, as they explain the rest: a configuration without its row or trace (or with two rows) is in no
+    # table or in one twice, so no line need differ; the plan says what is missing
+    diffs = [f"{p} (`harness bench --resume {run_dir}` runs it again)" if "no result row" in p or "missing" in p
+             else p for p in integrity(run_dir, plan)]
+    diffs += [f"line {i + 1}: report has {a!r}, traces give {b!r}" for i, (a, b) in enumerate(zip(old, fresh))
+              if a != b]
     if len(old) != len(fresh):
         diffs.append(f"report has {len(old)} lines, traces give {len(fresh)}")
     return diffs

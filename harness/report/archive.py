@@ -14,7 +14,7 @@ from harness.report import EXPORT_FORMATS, EXPORTS, check, reports_root
 from harness.report.concurrency import PLOT as CONCURRENCY_PLOT
 from harness.report.render import VERDICT_PLOT, render_markdown
 from harness.report.tables import compute
-from harness.rundir import read_plan, trace_files, unfinished
+from harness.rundir import LOCK_FILE, read_plan, trace_files, unfinished
 from harness.trace import GZ, compress, decompress
 
 FIRST_SCREEN = (VERDICT_PLOT, CONCURRENCY_PLOT)  # the plots the report shows before "Machine and run": kept
@@ -22,10 +22,11 @@ FIRST_SCREEN = (VERDICT_PLOT, CONCURRENCY_PLOT)  # the plots the report shows be
 
 def derived(run_dir: Path) -> list[Path]:
     """What `harness report RUN_DIR --format md,csv,json,parquet` makes again from the traces and no figure is
-    read from: the exports, and the plots off the first screen."""
+    read from: the exports, and the plots off the first screen; and bench's lock file."""
     exports = [run_dir / f"{name}.{fmt}" for name in EXPORTS for fmt in EXPORT_FORMATS]
     plots = sorted((run_dir / "plots").glob("*.png"))
-    return [f for f in exports if f.exists()] + [p for p in plots if p.name not in FIRST_SCREEN]
+    lock = [run_dir / LOCK_FILE] if (run_dir / LOCK_FILE).exists() else []  # bench's lock: no evidence
+    return [f for f in exports if f.exists()] + [p for p in plots if p.name not in FIRST_SCREEN] + lock
 
 
 def size(run_dir: Path) -> int:

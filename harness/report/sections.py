@@ -47,7 +47,7 @@ def break_even(r: dict) -> str:
 
 
 def _agreement(cm: pl.DataFrame) -> str:
-    err = cm["error"].drop_nulls().abs()
+    err = cm["error"].cast(pl.Float64).drop_nulls().abs()  # all null (no baseline finished): no dtype to abs
     if not len(err):
         return "No row has both a prediction and a measurement."
     return (f"Predicted within 10% of measured in {int((err <= 0.1).sum())} of {len(err)} rows "
