@@ -137,3 +137,55 @@ def test_busy_is_a_sustained_stretch_not_a_blip():
 
 def test_rerun_busy_needs_resume(tmp_path):
     one_line_error(harness("bench", "--target", T, "--rerun-busy", "--out", str(tmp_path / "r")), "--resume")
+
+
+def test_a_slowed_worker_is_marked_though_no_other_process_is_busy():
+    """A unit's own CPU share against what its threads ask for: stopped and resumed (a laptop's power management)
+    it gets a fraction; a unit shorter than the window, or one with offload (asked None), is not judged."""
+    from harness.analysis.noise import SLOWED
+    idle = [0.0] * 12
+    got = summarize(idle, 0.05, own=[0.15] * 12, asked=1.0)
+    assert got["slowed"] and got["busy"] and got["own_mean"] == pytest.approx(0.15)
+    assert not summarize(idle, 0.05, own=[0.9] * 12, asked=1.0)["busy"]
+    assert not summarize(idle, 0.05, own=[SLOWED * 0.5 + 0.01] * 12, asked=0.5)["busy"]  # 1 thread of 2 cores
+    assert not summarize(idle, 0.05, own=[0.1] * 2, asked=1.0)["busy"]  # too short to judge
+    assert not summarize(idle, 0.05, own=[0.1] * 12, asked=None)["busy"]
+
+
+def test_a_worker_stopped_and_resumed_in_a_loop_is_marked_unreliable(tmp_path, smol):
+    """SIGSTOP and SIGCONT to the worker, 80% of the time stopped: foreign load stays near 0, yet the unit is
+    marked, and its verdict says so."""
+    import os
+    import signal
+    import threading
+
+    import psutil
+    done = threading.Event()
+
+    def throttle():
+        me = psutil.Process()
+        while not done.is_set():
+            kids = [p for p in me.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+            for p in kids:
+                os.kill(p.pid, signal.SIGSTOP)
+            time.sleep(0.4)
+            for p in kids:
+                os.kill(p.pid, signal.SIGCONT)
+            time.sleep(0.1)
+    t = threading.Thread(target=throttle, daemon=True)
+    t.start()
+    try:
+        r = harness("bench", "--target", T, "--draft", "ngram:2", "--gamma", "2", "--max-tokens", "24",
+                    "--threads", "2", "--prompts", str(PROMPT_FILE), "--categories", "code", "--per-category", "2",
+                    "--paired", "--busy-threshold", "0.5", "--out", str(tmp_path / "r"))
+    finally:
+        done.set()
+        t.join()
+    assert r.returncode == 0, r.stderr
+    assert "SLOWED" in r.stderr
+    run = only_run(tmp_path / "r")
+    noise = [json.loads(x) for x in (run / "noise.jsonl").read_text().splitlines()]
+    units = [unit_summary(n) for n in noise if n.get("config")]
+    assert units and all(u["slowed"] and u["foreign_max"] < 0.5 for u in units)
+    verdicts = (tmp_path / "r" / f"{run.name}.md").read_text().split("## Verdict per category", 1)[1]
+    assert "unreliable (busy machine)" in verdicts.split("##", 1)[0] or "BUSY" in verdicts

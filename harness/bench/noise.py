@@ -64,6 +64,12 @@ def foreign_share(a: tuple[float, float, float], b: tuple[float, float, float], 
     return max(0.0, ((b[1] - a[1]) - (b[2] - a[2])) / wall / cores)
 
 
+def own_share(a: tuple[float, float, float], b: tuple[float, float, float], cores: int) -> float:
+    """Share of all cores this process and its workers used between two readings."""
+    wall = b[0] - a[0]
+    return max(0.0, (b[2] - a[2]) / wall / cores) if wall > 0 else 0.0
+
+
 def top_processes(seconds: float = 1.0, n: int = 3) -> list[tuple[str, int, float]]:
     """(name, pid, share of one core) of the busiest other processes over `seconds`."""
     mine = {psutil.Process().pid} | {c.pid for c in psutil.Process().children(recursive=True)}
@@ -103,11 +109,16 @@ def idle_check(threshold: float, allow_busy: bool, seconds: float = 2.0) -> dict
 
 @dataclass
 class Sampler:
-    """Foreign load, sampled every SAMPLE_S seconds by a thread while a configuration runs."""
+    """Foreign load, and the worker's own, sampled every SAMPLE_S seconds by a thread while a configuration runs.
+    asked: the share of the cores the worker's threads ask for (None where offload makes its CPU time no
+    measure of its progress): a worker stopped and resumed again and again (a laptop's power or thermal
+    management) gets far less, while no other process shows up as foreign load."""
     threshold: float
+    asked: float | None = None
     cores: int = field(default_factory=lambda: psutil.cpu_count() or 1)
     meter: Meter = field(default_factory=Meter)
     shares: list[float] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)
 
     def __post_init__(self):
         self._stop = threading.Event()
@@ -124,6 +135,7 @@ class Sampler:
         if len(marks) > 2 and marks[-1][0] - marks[-2][0] < SAMPLE_S:
             del marks[-2]  # a short tail joins the window before it: 10 ms clock ticks need a second to resolve
         self.shares = [foreign_share(a, b, self.cores) for a, b in zip(marks, marks[1:])]
+        self.own = [own_share(a, b, self.cores) for a, b in zip(marks, marks[1:])]
 
     def __enter__(self) -> "Sampler":
         self.shares = []
@@ -137,7 +149,8 @@ class Sampler:
         self._thread.join()
 
     def summary(self) -> dict:
-        """What noise.jsonl keeps of the unit: the per-second shares (the report derives mean, worst stretch and
-        busy from them: analysis.noise), the threshold, the load average at the end."""
+        """What noise.jsonl keeps of the unit: the per-second shares, foreign and its own (the report derives
+        mean, worst stretch and busy from them: analysis.noise), the threshold, the load average at the end."""
         return {"shares": [round(x, 4) for x in self.shares], "threshold": self.threshold,
+                "own_shares": [round(x, 4) for x in self.own], "asked": self.asked,
                 "load1": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from harness.analysis.noise import WINDOW_S, unit_summary
+from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
 from harness.bench import noise
 from harness.bench.estimate import estimate_s
 from harness.bench.prepare import models_info, preflight, prepare_calibrations
@@ -220,11 +220,22 @@ def _proposers(instances: list[Instance], params: Params) -> list[str]:
         [d for d in params.draft if d != "none"]
 
 
+def asked_share(inst: Instance) -> float | None:
+    """The share of the machine's cores a unit's worker asks for; None with offload, where the GPU works while
+    the CPU waits."""
+    import psutil
+
+    from harness.engine import EngineConfig
+    if inst.ngl or inst.ngl_draft:
+        return None
+    return min(1.0, EngineConfig(threads=inst.threads).resolved_threads() / (psutil.cpu_count() or 1))
+
+
 def _run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path | None = None) -> None:
     """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
     from harness.bench.worker import run_in_worker
     for k, (inst, r, prompts) in enumerate(units, 1):
-        with noise.Sampler(params.busy_threshold) as sampler:
+        with noise.Sampler(params.busy_threshold, asked_share(inst)) as sampler:
             res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch)
         rec = sampler.summary()
         label = f"drift/{inst.id}" if noise_to else unit_id(inst.id, r)  # the drift check feeds no verdict
@@ -233,7 +244,9 @@ def _run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path 
         what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
             f" ({inst.setup})" if inst.setup else "")
         status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
-        busy = f"; BUSY: other processes used {nz['foreign_max']:.0%} of the cores over {WINDOW_S} s" \
+        busy = (f"; SLOWED: the worker got {nz['own_mean']:.0%} of the cores, less than {SLOWED:.0%} of what "
+                f"its threads ask for" if nz["slowed"] else
+                f"; BUSY: other processes used {nz['foreign_max']:.0%} of the cores over {WINDOW_S} s") \
             if nz["busy"] else ""
         click.echo(f"[{k}/{len(units)}] round {r}: {inst.target} {what} {json.dumps(inst.policy)}: {status}{busy}",
                    err=True)
@@ -249,7 +262,7 @@ def _replay(instances: list[Instance], skipped: dict, prompts: list, params: Par
     todo = [i for i in instances if i.baseline and i.id not in skipped
             and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]
     for k, base in enumerate(todo, 1):
-        with noise.Sampler(params.busy_threshold) as sampler:
+        with noise.Sampler(params.busy_threshold, asked_share(base)) as sampler:
             res = run_replay(base, 0, prompts, proposers, params.replay_gamma, params, run_dir,
                              on_start=sampler.meter.watch)
         rec = sampler.summary()
