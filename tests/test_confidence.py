@@ -131,8 +131,8 @@ def test_busy_is_a_sustained_stretch_not_a_blip():
     assert not summarize(blip, 0.05)["busy"] and summarize(blip, 0.05)["foreign_max"] == pytest.approx(0.01)
     spell = [0.0] * 10 + [0.08] * 10 + [0.0] * 10  # a tenth of a core (of two) for ten seconds
     assert summarize(spell, 0.05)["busy"]
-    assert summarize([0.2, 0.2], 0.05)["busy"] and summarize([], 0.05) == {"foreign_mean": 0.0, "foreign_max": 0.0,
-                                                                           "busy": False}
+    assert summarize([0.2, 0.2], 0.05)["busy"] and summarize([], 0.05) == {
+        "foreign_mean": 0.0, "foreign_max": 0.0, "own_mean": None, "slowed": False, "busy": False}
 
 
 def test_rerun_busy_needs_resume(tmp_path):
