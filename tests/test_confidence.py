@@ -162,15 +162,29 @@ def test_a_worker_stopped_and_resumed_in_a_loop_is_marked_unreliable(tmp_path, s
     import psutil
     done = threading.Event()
 
+    def signal_all(pids, sig):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # a worker that has just finished
+                pass
+
+    def workers():
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "spawn_main" in " ".join(p.cmdline()):
+                    out.append(p.pid)
+            except psutil.Error:
+                pass
+        return out
+
     def throttle():
-        me = psutil.Process()
         while not done.is_set():
-            kids = [p for p in me.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
-            for p in kids:
-                os.kill(p.pid, signal.SIGSTOP)
+            pids = workers()
+            signal_all(pids, signal.SIGSTOP)
             time.sleep(0.4)
-            for p in kids:
-                os.kill(p.pid, signal.SIGCONT)
+            signal_all(pids, signal.SIGCONT)
             time.sleep(0.1)
     t = threading.Thread(target=throttle, daemon=True)
     t.start()
