@@ -30,10 +30,8 @@ class Costs:
 
     def verify(self, k: int) -> float:
         if k > len(self.target_ms):
-            from harness.plan import N_BATCH
-            if k > N_BATCH:
-                raise HarnessError(f"gamma {k - 1} verifies {k} tokens in one step, more than the batch of {N_BATCH} "
-                                   f"holds: the largest gamma is {N_BATCH - 1}")
+            from harness.plan import require_fits_batch
+            require_fits_batch(k - 1)
             raise HarnessError(f"calibration covers k <= {len(self.target_ms)}, gamma needs {k}: recalibrate "
                                f"with --k-max {k}")
         return self.target_ms[k - 1]

@@ -166,6 +166,13 @@ def check(p: Params) -> None:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
 
 
+def require_fits_batch(gamma: int) -> None:
+    """A step verifies gamma + 1 tokens in one decode, which holds at most N_BATCH."""
+    if gamma + 1 > N_BATCH:
+        raise HarnessError(f"--gamma {gamma}: a step verifies gamma + 1 = {gamma + 1} tokens in one batch of "
+                           f"{N_BATCH}: the largest gamma is {N_BATCH - 1}")
+
+
 def _check_n_min(p: Params) -> None:
     """A model draft shorter than --draft-n-min is dropped, and no draft is longer than gamma: n-min above a
     gamma the sweep pairs it with would never speculate."""
@@ -331,10 +338,7 @@ def expand(p: Params) -> list[Instance]:
             raise HarnessError(f"--gamma values must be >= 1, got {g}")
     gammas = [(g, False) if isinstance(g, int) else (int(g.partition(":")[2] or max(fixed, default=8)), True)
               for g in p.gamma]
-    widest = max((g for g, _ in gammas), default=0)
-    if widest + 1 > N_BATCH:  # a step verifies gamma + 1 tokens in one decode of at most N_BATCH
-        raise HarnessError(f"--gamma {widest}: a step verifies gamma + 1 = {widest + 1} tokens in one batch of "
-                           f"{N_BATCH}: the largest gamma is {N_BATCH - 1}")
+    require_fits_batch(max((g for g, _ in gammas), default=0))
     policies = [Policy(t, k, tp, mp, p.seed) for t, k, tp, mp in itertools.product(p.temp, p.top_k, p.top_p, p.min_p)]
     policies = list(dict.fromkeys(Policy(0.0, 0, 1.0, 0.0, p.seed) if x.greedy else x for x in policies))
     from harness.pair import parse_ngram

@@ -203,10 +203,11 @@ def integrity(run_dir: Path, plan: dict) -> list[str]:
                 unit = row.get("unit", row.get("config"))
                 out.append(f"results.jsonl line {n} repeats line {seen[key]} (unit {unit})")
             seen.setdefault(key, n)
-    out += [f"{u} has no result row" for u in unfinished(run_dir, plan) if not u.startswith("the ")]
+    rerun = f"(`harness bench --resume {run_dir}` runs it again)"
+    out += [f"{u} has no result row {rerun}" for u in unfinished(run_dir, plan) if not u.startswith("the ")]
     paired = bool(plan.get("params", {}).get("paired"))
     for u, row in sorted(finished(run_dir).items()):
-        out += [f"{u} finished but its trace {t} is missing" for t in traces_missing(run_dir, row, paired)]
+        out += [f"{u} finished but its trace {t} is missing {rerun}" for t in traces_missing(run_dir, row, paired)]
     return out
 
 
