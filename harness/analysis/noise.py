@@ -10,8 +10,8 @@ from __future__ import annotations
 WINDOW_S = 10
 # A unit whose worker used less than this share of the CPU its threads ask for, over at least SLOWED_MIN_S
 # seconds, ran slowed (stopped and resumed, throttled): its timings are no more to be trusted than a busy
-# machine's. Healthy units of the smoke profile on an Intel Xeon 2-core VM used 91-96% of it (2026-12-02;
-# spin-waiting threads count; loading the models is what keeps the first second near 80%).
+# machine's. Healthy units of the smoke profile on an Intel Xeon 2-core VM used 92-96% of it (run
+# 20261202-054828-vm; spin-waiting threads count; loading the models keeps the first second near 80%).
 SLOWED = 0.5
 SLOWED_MIN_S = 3
 
