@@ -1,0 +1,169 @@
+"""How to run a recommended configuration outside the harness: llama-server's and llama-speculative-simple's
+command lines for a draft model, llama-cpp-python's prompt lookup (and llama-server's ngram-simple) for an
+n-gram proposer. Pure: it builds strings; nothing is run or loaded.
+
+Flags are spelled as the llama.cpp vendored in llama-cpp-python 0.3.36 parses them (common/arg.cpp), each by
+the first name arg.cpp lists; tests/data/llama_cpp_0.3.36_flags.txt holds that parser's flags.
+
+- Every setting whose llama.cpp default differs from the harness's is passed explicitly: -ngl and
+  --spec-draft-ngl (llama.cpp: auto, the harness: 0, the CPU), -c (llama.cpp: the model's own context),
+  --spec-draft-n-max (llama.cpp: 3), the sampling flags (llama.cpp: top-k 40, top-p 0.95, min-p 0.05),
+  llama-server's -np (llama.cpp: auto, 4 slots sharing one KV buffer). --spec-draft-p-min is passed even at
+  its default (0 in this version) so that the behaviour does not hang on a version's default.
+- --spec-type draft-simple is required: in this version a draft model alone (-md) leaves the speculative
+  type at "none", and nothing is drafted.
+- Threads 0 (the harness's physical cores) is left out: llama.cpp's own default is the physical cores too
+  (common_cpu_get_num_math), and the command then fits the machine it runs on. Llama() then takes half the
+  logical cores (all of them for batches).
+- Model paths are those the harness loads (catalog.resolve: relative to the project root unless
+  HARNESS_MODELS_DIR is absolute), or the name given where it does not resolve.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from harness.sampling import Policy
+
+DEFAULT_UBATCH = 512  # llama.cpp's -ub default, and the harness's
+PROMPT = '"$PROMPT"'  # llama-speculative-simple decodes one prompt: the user's, from the shell
+# GGML type ids for Llama(type_k=..., type_v=...): ggml.h's enum (llama_cpp.py names all but bf16)
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+
+
+@dataclass(frozen=True)
+class HowTo:
+    server: str | None  # llama-server's command line
+    speculative_simple: str | None  # llama-speculative-simple's (a draft model only)
+    python: str | None  # llama-cpp-python code (an n-gram proposer only: it has no draft-model speculation)
+    note: str  # where llama.cpp's behaviour differs from what the harness measured ("" where it does not)
+
+
+def model_path(ref: str, catalog: dict | None = None) -> str:
+    """The file the harness loads for a catalog name or a path; the name itself where it does not resolve (no
+    catalog at hand, an unknown name), so that a report still prints a command."""
+    from harness.errors import HarnessError
+    from harness.models.catalog import resolve
+    try:
+        return str(resolve(ref, catalog).path)
+    except (HarnessError, OSError):
+        return ref
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _sampling(pol: Policy) -> list[str]:
+    if pol.greedy:
+        return ["--temp", "0"]  # temp 0 is the argmax whatever the truncations keep
+    return ["--temp", _num(pol.temperature), "--top-k", str(pol.top_k), "--top-p", _num(pol.top_p),
+            "--min-p", _num(pol.min_p), "-s", str(pol.seed)]
+
+
+def _context(target: str, *, ngl: int, threads: int, cache_k: str, cache_v: str, flash_attn: str, ubatch: int,
+             n_ctx: int) -> list[str]:
+    args = ["-m", target, "-ngl", str(ngl), "-c", str(n_ctx)]
+    if threads:
+        args += ["-t", str(threads)]
+    if cache_k != "f16":
+        args += ["-ctk", cache_k]
+    if cache_v != "f16":
+        args += ["-ctv", cache_v]
+    if flash_attn != "auto":  # llama.cpp's default is auto; the draft's context inherits it, as in the harness
+        args += ["-fa", flash_attn]
+    if ubatch != DEFAULT_UBATCH:
+        args += ["-ub", str(ubatch)]
+    return args
+
+
+def _draft_args(draft: str, gamma: int, *, p_min: float, n_min: int, ngl_draft: int, threads: int,
+                cache_k_draft: str, cache_v_draft: str) -> list[str]:
+    args = ["--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-n-max", str(gamma),
+            "--spec-draft-p-min", _num(p_min)]
+    if n_min:  # llama.cpp's default is 0, as the harness's
+        args += ["--spec-draft-n-min", str(n_min)]
+    args += ["--spec-draft-ngl", str(ngl_draft)]
+    if threads:  # the draft runs on the target's threads in the harness; llama.cpp's default is the same
+        args += ["--spec-draft-threads", str(threads)]
+    if cache_k_draft != "f16":
+        args += ["--spec-draft-type-k", cache_k_draft]
+    if cache_v_draft != "f16":
+        args += ["--spec-draft-type-v", cache_v_draft]
+    return args
+
+
+def _python(target: str, n: int, gamma: int, pol: Policy, *, ngl: int, threads: int, cache_k: str, cache_v: str,
+            flash_attn: str, ubatch: int, n_ctx: int) -> str:
+    kw = [f"model_path={target!r}", f"n_ctx={n_ctx}", f"n_gpu_layers={ngl}"]
+    if threads:
+        kw += [f"n_threads={threads}", f"n_threads_batch={threads}"]
+    if ubatch != DEFAULT_UBATCH:
+        kw.append(f"n_ubatch={ubatch}")
+    if flash_attn != "auto":
+        kw.append(f"flash_attn={flash_attn == 'on'}")
+    for key, t in (("type_k", cache_k), ("type_v", cache_v)):
+        if t != "f16":
+            kw.append(f"{key}={GGML_TYPES[t]}")
+    kw.append(f"draft_model=LlamaPromptLookupDecoding(max_ngram_size={n}, num_pred_tokens={gamma})")
+    samp = ("temperature=0.0" if pol.greedy else f"temperature={pol.temperature!r}, top_k={pol.top_k}, "
+            f"top_p={pol.top_p!r}, min_p={pol.min_p!r}, seed={pol.seed}")
+    lines = ["from llama_cpp import Llama", "from llama_cpp.llama_speculative import LlamaPromptLookupDecoding", ""]
+    if flash_attn == "auto":
+        lines.append("# flash attention: Llama() takes on or off only (default off); the harness ran llama.cpp's auto")
+    lines += ["llm = Llama(" + ", ".join(kw) + ")", f"out = llm.create_completion(PROMPT, max_tokens=None, {samp})"]
+    return "\n".join(lines)
+
+
+def howto(target: str, draft: str, gamma: int, policy: dict | Policy, *, p_min: float = 0.0, n_min: int = 0,
+          ngl: int = 0, ngl_draft: int = 0, threads: int = 0, cache_k: str = "f16", cache_v: str = "f16",
+          cache_k_draft: str = "f16", cache_v_draft: str = "f16", flash_attn: str = "auto", ubatch: int = 512,
+          parallel: int = 1, adaptive: bool = False, n_ctx: int = 2048, verify: str = "leviathan",
+          catalog: dict | None = None) -> HowTo:
+    """The commands that run `draft` (a model, "ngram:N", or "none") against `target` at draft length `gamma`
+    under `policy` (a Policy or its as_dict()), with the harness's settings of the same names (plan.Instance)."""
+    from harness.pair import parse_ngram
+    pol = policy if isinstance(policy, Policy) else Policy(**policy)
+    tpath = model_path(target, catalog)
+    ctx = _context(tpath, ngl=ngl, threads=threads, cache_k=cache_k, cache_v=cache_v, flash_attn=flash_attn,
+                   ubatch=ubatch, n_ctx=n_ctx)
+    server = ["llama-server", *ctx, "-np", str(parallel)]
+    notes = []
+    if adaptive:
+        notes.append(f"llama.cpp has no adaptive draft length: {gamma}, the harness's longest, is fixed here.")
+    if draft == "none":
+        return HowTo(shlex.join(server + _sampling(pol)), None, None, "plain decoding: no speculative flags.")
+    n = parse_ngram(draft)
+    if n is not None:
+        # llama-server's ngram-simple: the latest earlier match of the last n tokens, as the harness's lookup
+        server += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(n),
+                   "--spec-ngram-simple-size-m", str(gamma)]
+        # a lookup's draft is a point mass: llama.cpp's rule accepts it as Leviathan's does, with p(x)
+        notes += [f"llama-server's ngram-simple drops a continuation shorter than {n} tokens.",
+                  f"LlamaPromptLookupDecoding tries n-grams from {n} down to 1 and takes the earliest match; the "
+                  f"harness takes the latest match of exactly {n}."]
+        py = _python(tpath, n, gamma, pol, ngl=ngl, threads=threads, cache_k=cache_k, cache_v=cache_v,
+                     flash_attn=flash_attn, ubatch=ubatch, n_ctx=n_ctx)
+        return HowTo(shlex.join(server + _sampling(pol)), None, py, " ".join(notes))
+    spec = _draft_args(model_path(draft, catalog), gamma, p_min=p_min, n_min=n_min, ngl_draft=ngl_draft,
+                       threads=threads, cache_k_draft=cache_k_draft, cache_v_draft=cache_v_draft)
+    simple = ["llama-speculative-simple", *ctx, *spec, *_sampling(pol)]
+    if not pol.greedy and verify == "leviathan":
+        # common_sampler_sample_and_accept_n: the target samples each position, the draft token stays if equal
+        notes.append("The harness's figure is Leviathan's rule; llama.cpp keeps a draft token only when the target "
+                     "samples it (the harness's \"exact\" rule, which usually accepts less): the exact figure "
+                     "carries over.")
+    if parallel > 1:
+        notes.append(f"llama-speculative-simple decodes one sequence; llama-server's -np {parallel} is the "
+                     "harness's parallel requests.")
+    return HowTo(shlex.join(server + spec + _sampling(pol)), shlex.join(simple) + f" -p {PROMPT}", None,
+                 " ".join(notes))
+
+
+def howto_for_instance(inst, n_ctx: int, catalog: dict | None = None) -> HowTo:
+    """howto() for a configuration of the plan (plan.Instance), at the run's n_ctx."""
+    return howto(inst.target, inst.draft, inst.gamma, inst.policy, p_min=inst.p_min, n_min=inst.n_min,
+                 ngl=inst.ngl, ngl_draft=inst.ngl_draft, threads=inst.threads, cache_k=inst.cache_k,
+                 cache_v=inst.cache_v, cache_k_draft=inst.cache_k_draft, cache_v_draft=inst.cache_v_draft,
+                 flash_attn=inst.flash_attn, ubatch=inst.ubatch, parallel=inst.parallel, adaptive=inst.adaptive,
+                 n_ctx=n_ctx, verify=inst.verify, catalog=catalog)
