@@ -202,6 +202,8 @@ def check(target, draft, prompts_path, as_json):
               help="Add prompts to categories whose verdict is inconclusive, one per round, until all settle.")
 @click.option("--budget-min", type=float, help="With --until-confident: stop adding rounds after this many "
                                                "minutes of worker time.")
+@click.option("--min-gain", type=float, help="The least gain worth having, as a fraction (default 0.05): below it "
+                                              "the answer is 'no gain worth having'; 'speculate' needs more.")
 @click.option("--busy-threshold", type=float,
               help="Share of all cores other processes may use before the machine counts as busy (default 0.05).")
 @click.option("--allow-busy", is_flag=True, help="Run on a busy machine anyway; its configurations are marked "

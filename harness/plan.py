@@ -10,6 +10,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from harness.analysis.verdict import MIN_GAIN
 from harness.errors import HarnessError
 from harness.sampling import Policy
 
@@ -17,7 +18,8 @@ LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl
              "draft_p_min", "draft_n_min", "cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft",
              "flash_attn", "ubatch", "parallel")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
-               "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset")
+               "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset",
+               "min_gain")
 
 
 def profiles_file() -> Path:
@@ -62,6 +64,7 @@ class Params:
     replay_gamma: int = 8  # ...up to this gamma
     timed_subset: int = 0  # with replay: time only each proposer's predicted best gamma and gamma 1 per category,
     # on its first N prompts (0: time every configuration on every prompt)
+    min_gain: float = MIN_GAIN  # the least gain worth having over plain decoding
 
 
 def load_profile(name: str, path: Path | None = None) -> dict:
@@ -89,7 +92,8 @@ def load_profile(name: str, path: Path | None = None) -> dict:
 
 SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
-                "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int}
+                "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int,
+                "min_gain": (int, float)}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:
@@ -141,6 +145,9 @@ def check(p: Params) -> None:
             raise HarnessError(f"--budget-min must be above 0 (minutes), got {p.budget_min:g}")
         if not p.until_confident:
             raise HarnessError("--budget-min bounds --until-confident: give both")
+    if not 0 <= p.min_gain < 1:
+        raise HarnessError(f"--min-gain is the least gain worth having, a fraction from 0 to below 1 (0.05 = 5%), "
+                           f"got {p.min_gain:g}")
     if p.replay_gamma < 1:
         raise HarnessError(f"--replay-gamma must be >= 1, got {p.replay_gamma}")
     if p.timed_subset < 0 or (p.timed_subset and not p.replay):

@@ -159,17 +159,3 @@ def quantile(n: int, level: float) -> float:
 def interval(x: float, se: float, n: int, level: float = LEVEL, log: bool = False) -> tuple[float, float]:
     h = quantile(n, level) * se
     return (x * math.exp(-h), x * math.exp(h)) if log else (x - h, x + h)
-
-
-def prompts_to_settle(x: float, se: float, n: int, level: float = LEVEL, cap: int = 1000) -> int | None:
-    """Prompts in all for the interval of a speedup x (log-scale standard error se from n prompts) to exclude
-    1, if the spread per prompt stays as measured: the smallest m with t(m-1) * se * sqrt(n/m) < |log x|.
-    None when even `cap` would not do (x too close to 1). One prompt's se holds no spread between prompts, so
-    from one the answer is at least 3."""
-    d = abs(math.log(x)) if x and x > 0 else 0.0
-    if d == 0 or se is None or NormalDist().inv_cdf(1 - (1 - level) / 2) * se * math.sqrt(n / cap) >= d:
-        return None  # t > z: not even `cap` prompts would do
-    for m in range(max(n + 1, 3 if n == 1 else 2), cap + 1):
-        if quantile(m, level) * se * math.sqrt(n / m) < d:
-            return m
-    return None

@@ -56,19 +56,23 @@ def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> P
     return md
 
 
-EXPORTS = ("metrics", "verdicts", "tidy")  # the tables export writes, each as <name>.<format> in the run directory
+# the tables export writes, each as <name>.<format> in the run directory
+EXPORTS = ("metrics", "verdicts", "tidy", "answer")
 EXPORT_FORMATS = ("csv", "json", "parquet")
 
 
 def export(data: dict[str, pl.DataFrame], run_dir: Path, fmt: str) -> Path:
     """metrics.FMT (a row per configuration x category, intervals included), verdicts.FMT (a row per
-    category, policy and target) and tidy.FMT (report.tidy: the versioned table to pool) in the run directory."""
+    category, policy and target), tidy.FMT (report.tidy: the versioned table to pool) and answer.FMT (the answer
+    per group, with the llama.cpp command of each "speculate") in the run directory."""
+    from harness.report.answer import answer_frame
     from harness.report.tidy import tidy
     if fmt not in EXPORT_FORMATS:
         raise HarnessError(f"unknown report format '{fmt}' (md, csv, json, parquet)")
     sweep = data.get("sweep")
-    pooled = tidy(sweep, read_plan(run_dir), run_dir.name) if sweep is not None and len(sweep) else None
-    tables = dict(zip(EXPORTS, (sweep, data.get("verdicts"), pooled)))
+    plan = read_plan(run_dir)
+    pooled = tidy(sweep, plan, run_dir.name) if sweep is not None and len(sweep) else None
+    tables = dict(zip(EXPORTS, (sweep, data.get("verdicts"), pooled, answer_frame(data, plan))))
     for name, frame in tables.items():
         frame = pl.DataFrame() if frame is None else frame
         flat = frame.select([c for c in frame.columns if not isinstance(frame[c].dtype, pl.List)])

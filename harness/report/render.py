@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.analysis import verdict
-from harness.report import concurrency, replayed, sections
+from harness.report import answer, concurrency, replayed, sections
 from harness.report.fmt import ci, f, mib, table
 from harness.rundir import read_plan
 
@@ -24,10 +24,13 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
     if sweep is None or not len(sweep):
         lines += ["No configuration finished.", ""]
     else:
-        # with a replay, the verdicts predicted from every prompt come first; the timed ones check them
-        lines += replayed.sections(data, plan) + _verdicts(data.get("verdicts"), plan) + \
-            _verdict_plot(run_dir, rel) + sections.until_confident(plan, data.get("verdicts")) + \
-            concurrency.section(data, run_dir, rel)
+        # the answer in words, then its table and plot: with a replay, the verdicts predicted from every prompt
+        # (the timed ones check them), else the timed ones
+        timed = _verdicts(data.get("verdicts"), plan)
+        predicted = replayed.verdict_section(data, plan)
+        lines += answer.section(data, plan) + (predicted or timed) + _verdict_plot(run_dir, rel) + \
+            (timed if predicted else []) + replayed.sections(data, plan) + \
+            sections.until_confident(plan, data.get("verdicts")) + concurrency.section(data, run_dir, rel)
     lines += _machine(plan, rel)
     if sweep is not None and len(sweep):
         lines += sections.noise(data, plan) + sections.drift(sweep) + sections.per_category(sweep) + \
@@ -56,24 +59,26 @@ def _verdicts(v: pl.DataFrame | None, plan: dict) -> list[str]:
         speed = ci(r["speedup"], r["lo"], r["hi"], unit="x") + star
         rows.append([r[k] for k in vary] + [r["category"], r["policy"], f(r["plain_tokens_per_s"], ".1f"),
                      f"{r['draft_label']} g={r['gamma_label']}" if r["draft"] else "", speed, r["verdict"],
-                     r["prompts"] or "", _settle(r), _why(r)])
-    paired = plan.get("params", {}).get("paired")
+                     r["prompts"] or "", replayed.settle(r), _why(r)])
+    params = plan.get("params", {})
+    gain = f"{params.get('min_gain', verdict.MIN_GAIN):.0%}"
+    sequential = (" Rounds added until confident are judged look by look: each look spends a share of the 5% "
+                  "(the shares add up to 5% whatever the number of looks), and a group keeps the first verdict "
+                  "that settled it.") if params.get("until_confident") else ""
     return ["## Verdict per category", "",
-            "Speculate only when accepted progress per millisecond beats plain decoding, with 95% confidence: "
-            "*speculate* when a configuration's interval lies above 1 (widened, *, for having picked the best of "
-            "the k configurations tried), *plain decoding* when every configuration's interval lies below 1, "
-            "*inconclusive* otherwise, with the further prompts of the category the interval's width suggests "
-            "would settle it. Each row names the best configuration (or the one to use) and its speedup against "
-            + ("plain decoding run beside it, prompt by prompt" if paired else "the category's plain baseline")
-            + "; [a, b] is the 95% interval from a bootstrap over the category's prompts and their steps.", "",
+            "Speculate only when accepted progress per millisecond beats plain decoding by a gain worth having "
+            f"({gain}), with 95% confidence: *speculate* when a configuration's interval lies above 1 + {gain} "
+            "(widened, *, for having picked the best of the k configurations tried); *plain decoding* when every "
+            "configuration's interval lies below 1; *no gain worth having* when every configuration's one-sided "
+            f"95% upper bound lies below 1 + {gain}; *inconclusive* otherwise, with the further prompts that would "
+            "settle the likeliest verdict with 80% probability at the measured spread. Configurations measured on "
+            "one prompt take no part. Each row names the best configuration (or the one to use) and its speedup "
+            "against " + ("plain decoding run beside it, prompt by prompt" if params.get("paired")
+                          else "the category's plain baseline")
+            + "; [a, b] is the 95% interval from a bootstrap over the category's prompts and their steps."
+            + sequential, "",
             table(rows, vary + ["category", "policy", "plain tok/s", "best (draft, gamma)", "speedup [95% CI]",
-                                "verdict", "prompts", "to settle", "why"]), ""]
-
-
-def _settle(r: dict) -> str:
-    if r["verdict"] != verdict.INCONCLUSIVE:
-        return ""
-    return "out of reach (too close to 1)" if r["further"] is None else f"~{r['further']} more prompts"
+                                "verdict", "prompts", "settled by", "why"]), ""]
 
 
 def _why(r: dict) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from harness.analysis.verdict import INCONCLUSIVE, PLAIN, SPECULATE, Evidence, decide
+from harness.analysis.verdict import INCONCLUSIVE, MIN_GAIN, NO_GAIN, PLAIN, SPECULATE, Evidence, decide
 from harness.report.verdicts import speculated
 from harness.report.fmt import ci, f, table
 
@@ -13,14 +13,14 @@ GROUP = ["target", "ngl", "threads", "setup", "policy", "category"]
 SHOWN_GAMMAS = (1, 2, 4, 8)
 
 
-def predicted_verdicts(r: pl.DataFrame) -> pl.DataFrame:
+def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN) -> pl.DataFrame:
     """Per group, the verdict over every (proposer, gamma) the replay predicted, and the timed run of the
     configuration it names, where there is one."""
     rows = []
     for key, g in r.group_by(GROUP, maintain_order=True):
         g = speculated(g, "proposed").with_row_index("_i")
         ev = [Evidence(str(x["_i"]), x["speedup"], x["speedup_se"], x["prompts"]) for x in g.iter_rows(named=True)]
-        v = decide(ev)
+        v = decide(ev, min_gain=min_gain)
         if v.chosen is None:
             continue
         x = g.row(int(v.chosen.config), named=True)
@@ -28,22 +28,28 @@ def predicted_verdicts(r: pl.DataFrame) -> pl.DataFrame:
                                              "adaptive": x["adaptive"],
                                              "speedup": x["speedup"], "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted,
                                              "k": v.k, "prompts": x["prompts"], "further": v.further, "kind": x["kind"],
+                                             "min_gain": v.min_gain, "at_most": v.at_most, "why": v.why,
+                                             "draft": x["draft"], "verify": x["verify"],
                                              "timed": x["timed_speedup"], "timed_lo": x["timed_speedup_lo"],
                                              "timed_hi": x["timed_speedup_hi"]})
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
 def confirmation(r: dict) -> str:
-    """Whether the timed run of the named configuration agrees: its interval on the same side of 1 as the
-    verdict says, or overlapping the prediction's when the verdict is open."""
+    """Whether the timed run of the named configuration agrees: its interval on the same side of the verdict's
+    bar (1 for plain decoding, 1 + the least gain for the others), or overlapping the prediction's when the
+    verdict is open."""
     if r["timed"] is None:
         return "not timed"
     if r["timed_lo"] is None:
         return f"timed {r['timed']:.2f}x (one prompt)"
+    bar = 1 + (r.get("min_gain") or 0)
     if r["verdict"] == PLAIN:
         agrees = r["timed_hi"] < 1
+    elif r["verdict"] == NO_GAIN:
+        agrees = r["timed_hi"] < bar
     elif r["verdict"] == SPECULATE:
-        agrees = r["timed_lo"] > 1
+        agrees = r["timed_lo"] > bar
     else:  # nothing settled to confirm: do the two intervals meet
         agrees = r["timed_lo"] <= r["hi"] and r["lo"] <= r["timed_hi"]
         return ("consistent: " if agrees else "NOT consistent: ") + ci(r["timed"], r["timed_lo"], r["timed_hi"],
@@ -51,36 +57,59 @@ def confirmation(r: dict) -> str:
     return ("confirmed: " if agrees else "NOT confirmed: ") + ci(r["timed"], r["timed_lo"], r["timed_hi"], unit="x")
 
 
+def settle(r: dict) -> str:
+    """What a verdict line says of its claim: the bound that settled it, or the prompts that would."""
+    if r["verdict"] == NO_GAIN:
+        return f"all <= {r['at_most']:.2f}x (< {1 + r['min_gain']:.2f})"
+    if r["verdict"] == SPECULATE:
+        return f"> {1 + r['min_gain']:.2f}x"
+    if r["verdict"] == PLAIN:
+        return "all < 1"
+    if r["verdict"] == INCONCLUSIVE:
+        return "out of reach" if r["further"] is None else f"~{r['further']} more prompts"
+    return ""
+
+
+def verdict_section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
+    """The verdicts predicted from every prompt: the first table of a run with a replay."""
+    r, v = data.get("replay"), data.get("replay_verdicts")
+    if r is None or not len(r) or v is None or not len(v):
+        return []
+    gm = int(r["gamma"].max())
+    gain = f"{v['min_gain'][0]:.0%}"
+    vrows = [[x["category"], x["policy"], f"{x['proposer']} g={'auto<=' if x['adaptive'] else ''}{x['gamma']}",
+              ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"],
+              x["prompts"], settle(x), confirmation(x)]
+             for x in v.iter_rows(named=True)]
+    return ["## Predicted from every prompt (replay)", "",
+            "Each plain baseline's outputs were teacher-forced through every draft (and the n-gram proposals "
+            "recomputed from the same contexts): under greedy decoding (and llama.cpp's exact rule, whose outputs "
+            f"are the plain ones) this gives the exact steps of speculative decoding at every gamma up to {gm} "
+            "(exact up to kernel near-ties); under sampling with Leviathan's rule, the probability of acceptance at "
+            "each position (alpha = sum min(p, q) along the target's own output), from which the *expected* steps "
+            "follow. With the decode costs measured beside the replay, levelled to each category's measured plain "
+            "speed, that predicts the speedup of every configuration from every prompt. The verdicts are those of "
+            f"the timed table (95%) at a least gain worth having of {gain}, over all "
+            f"{r.select('proposer').n_unique()} proposers x {gm} gammas of a group (widened for speculate, *). "
+            "Settled by: the bound that settled the claim, or the further prompts that would settle the likeliest "
+            "verdict with 80% probability. Timed run: the named configuration, timed; confirmed when its interval "
+            "lies on the verdict's side of its bar, consistent (for an open verdict) when the two intervals meet.",
+            "", table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
+                              "settled by", "timed run"]), ""]
+
+
 def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
+    """The replay's detail: acceptance, cost, predicted speedup, rules, adaptive gamma, against the timed runs."""
     r = data.get("replay")
     if r is None or not len(r):
         if plan.get("params", {}).get("replay"):
             return ["## Replay", "", "The replay did not finish (see the configurations that did not finish).", ""]
         return ["This run has no replay (it predates it, or ran without --replay): the verdicts rest on the timed "
                 "configurations alone.", ""]
-    gm = int(r["gamma"].max())
-    v = data["replay_verdicts"]
-    vrows = [[x["category"], x["policy"], f"{x['proposer']} g={'auto<=' if x['adaptive'] else ''}{x['gamma']}",
-              ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"],
-              x["prompts"], "" if x["verdict"] != INCONCLUSIVE else
-              ("out of reach" if x["further"] is None else f"~{x['further']} more"), confirmation(x)]
-             for x in v.iter_rows(named=True)]
-    lines = ["## Predicted from every prompt (replay)", "",
-             "Each plain baseline's outputs were teacher-forced through every draft (and the n-gram proposals "
-             "recomputed from the same contexts): under greedy decoding this gives the exact steps of speculative "
-             f"decoding at every gamma up to {gm} (exact up to kernel near-ties); under sampling, the probability of "
-             "acceptance at each position (alpha = sum min(p, q) along the target's own output), from which the "
-             "*expected* steps follow. With the decode costs measured beside the replay, levelled to each "
-             "category's measured plain speed, that predicts the speedup of every configuration from every prompt. "
-             "The verdicts are those of the timed table below (speculate, plain decoding, inconclusive; 95%), over "
-             f"all {r.select('proposer').n_unique()} proposers x {gm} gammas of a group (widened for speculate). "
-             "Timed run: the named configuration, timed; confirmed when its interval lies on the verdict's side of "
-             "1, consistent (for an open verdict) when the two intervals meet.", "",
-             table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
-                           "to settle", "timed run"]), ""]
     fixed = r.filter(~pl.col("adaptive"))
-    return lines + _acceptance(fixed) + _costs(data.get("replay_costs")) + _speedup(fixed) + _rules(fixed) + \
-        _adaptive(r) + _against_timed(data.get("replay_same"), data.get("equivalence"))
+    return ["## The replay in detail", ""] + _acceptance(fixed) + _costs(data.get("replay_costs")) + \
+        _speedup(fixed) + _rules(fixed) + _adaptive(r) + _against_timed(data.get("replay_same"),
+                                                                           data.get("equivalence"))
 
 
 def _adaptive(r: pl.DataFrame) -> list[str]:

@@ -11,7 +11,7 @@ from harness.analysis import metrics, verdict
 from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
 from harness.concurrency.figures import concurrency_frame
 from harness.report.costs import cost_model
-from harness.report.verdicts import noise_frame, verdicts
+from harness.report.verdicts import noise_frame, verdicts, verdicts_frame
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records,
                             ok_units, read_plan)
 from harness.sampling import Policy
@@ -79,15 +79,37 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     results = finished(run_dir)
     cfg = config_frame(plan, results)
     ok = ok_units(run_dir)
-    records = load_records(run_dir, ok)
-    steps, gens = metrics.frames(records)
-    p_records = load_records(run_dir / PAIRED_DIR, ok)  # each with its configuration's id
-    p_steps, p_gens = metrics.frames(p_records)
+    m = measured(run_dir, cfg, ok)
     out = {"configs": cfg, "units": units_frame(results)}
     if (run_dir / FIDELITY_FILE).exists():  # the targets against the first one, when a run sweeps several
         out["fidelity"] = pl.DataFrame(json.loads((run_dir / FIDELITY_FILE).read_text()), infer_schema_length=None)
-    if not len(gens):
+    if m is None:
         return out
+    sweep, records, p_records, gens = m["sweep"], m["records"], m["p_records"], m["gens"]
+    out["sweep"] = sweep
+    out["equivalence"] = equivalence(gens, metrics.frame(records, "divergence"), cfg)
+    out["noise"] = noise_frame(noise_records(run_dir), m["p_gens"], cfg)
+    out["verdicts"] = run_verdicts(run_dir, plan, results, cfg, sweep, out["noise"])
+    measured_costs = {}
+    for c in (records_of(records, "costs")):
+        measured_costs.setdefault(c["config"], c)
+    out |= cost_model(sweep.filter(pl.col("parallel") == 1), run_dir, measured_costs)
+    conc = concurrency_frame(sweep, records, p_records, base_configs(cfg))
+    if conc is not None:
+        out["concurrency"] = conc
+    out |= replay_frames(run_dir, plan, sweep, gens, cfg)
+    return out
+
+
+def measured(run_dir: Path, cfg: pl.DataFrame, units: set[str]) -> dict | None:
+    """The sweep (per configuration x category: throughput, acceptance, intervals) from the given units' traces,
+    with the frames it was made of; None where they hold no generation."""
+    records = load_records(run_dir, units)
+    steps, gens = metrics.frames(records)
+    p_records = load_records(run_dir / PAIRED_DIR, units)  # each with its configuration's id
+    p_steps, p_gens = metrics.frames(p_records)
+    if not len(gens):
+        return None
     keys = ["config", "category"]
     acc = metrics.acceptance(steps, keys)
     tp = metrics.throughput(gens, keys)
@@ -132,19 +154,53 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
         for r in sweep.iter_rows(named=True)]
     sweep = sweep.with_columns(pl.Series("break_even_rate", be, dtype=pl.Float64))
     sweep = sweep.join(row_intervals(steps, gens, p_steps, p_gens, cfg), on=keys, how="left")
-    out["sweep"] = sweep
-    out["equivalence"] = equivalence(gens, metrics.frame(records, "divergence"), cfg)
-    out["noise"] = noise_frame(noise_records(run_dir), p_gens, cfg)
-    out["verdicts"] = verdicts(sweep, out["noise"])
-    measured = {}
-    for c in (records_of(records, "costs")):
-        measured.setdefault(c["config"], c)
-    out |= cost_model(sweep.filter(pl.col("parallel") == 1), run_dir, measured)
-    conc = concurrency_frame(sweep, records, p_records, base_configs(cfg))
-    if conc is not None:
-        out["concurrency"] = conc
-    out |= replay_frames(run_dir, plan, sweep, gens, cfg)
-    return out
+    return {"sweep": sweep, "records": records, "p_records": p_records, "gens": gens, "p_gens": p_gens}
+
+
+def run_verdicts(run_dir: Path, plan: dict, results: dict[str, dict], cfg: pl.DataFrame, sweep: pl.DataFrame,
+                 noise: pl.DataFrame) -> pl.DataFrame:
+    """The timed verdicts at the run's least gain worth having. A run that added rounds until confident is
+    judged look by look, each round's verdicts from the rounds up to it at that look's spent level, a group
+    keeping the first verdict that settled it (analysis.sequential)."""
+    from harness.analysis.sequential import first_settled, look_level
+    from harness.report.verdicts import GROUP
+    params = plan.get("params", {})
+    rules = {"min_gain": params.get("min_gain", verdict.MIN_GAIN), "tried": plan.get("timed_in_sample")}
+    rounds = plan.get("rounds") or [plan.get("prompt_ids", [])]
+    if not params.get("until_confident"):
+        return verdicts(sweep, noise, **rules)
+    n_max = pool_sizes(plan)
+    before: dict = {}  # each group's prompts at its previous look
+
+    def key(r: dict) -> tuple:
+        return tuple(r[k] for k in GROUP)
+
+    def level_of(group: dict, n: int) -> float:
+        return look_level(n, before.get(key(group), 0), n_max.get(group["category"], n))
+    looks = []
+    for last in range(len(rounds)):
+        units = {u for u, r in results.items() if r.get("status") == "ok" and r.get("round", 0) <= last}
+        m = sweep if last == len(rounds) - 1 else (measured(run_dir, cfg, units) or {}).get("sweep")
+        if m is None:
+            continue
+        v = verdicts(m, noise, level_of=level_of, **rules)
+        looks.append(v.to_dicts())
+        before |= {key(r): r["group_prompts"] for r in looks[-1]}
+    rows = first_settled(looks, key)
+    return verdicts_frame(rows) if rows else pl.DataFrame()
+
+
+def pool_sizes(plan: dict) -> dict[str, int]:
+    """The most prompts each category can reach (what --until-confident draws from): recorded in the plan, or for
+    an older run its prompt files read again."""
+    if "pool_sizes" in plan:
+        return plan["pool_sizes"]
+    from harness.bench.run import prompt_pool
+    from harness.plan import Params
+    sizes: dict[str, int] = {}
+    for p in prompt_pool(Params(**plan["params"]), plan.get("categories")):
+        sizes[p.category] = sizes.get(p.category, 0) + 1
+    return sizes
 
 
 def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataFrame,
@@ -190,7 +246,7 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
         out["replay_same"] = pl.DataFrame(rows_same, infer_schema_length=None).rename({"config": "base"}).select(
             keep).join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="inner")
     from harness.report.replayed import predicted_verdicts
-    return out | {"replay_verdicts": predicted_verdicts(pred)}
+    return out | {"replay_verdicts": predicted_verdicts(pred, plan.get("params", {}).get("min_gain", verdict.MIN_GAIN))}
 
 
 def records_of(records: list[dict], kind: str) -> list[dict]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from harness.analysis.noise import unit_summary
-from harness.analysis.verdict import Evidence, decide
+from harness.analysis.intervals import LEVEL
+from harness.analysis.verdict import MIN_GAIN, Evidence, decide
 
 GROUP = ["target", "policy", "ngl", "threads", "setup", "category"]
 # what a verdict line carries of the configuration it names
@@ -53,8 +54,13 @@ def speculated(g: pl.DataFrame, proposed: str) -> pl.DataFrame:
     return some if len(some) else g
 
 
-def verdicts(sweep: pl.DataFrame, noise: pl.DataFrame) -> pl.DataFrame:
-    """One line per group: its verdict and the configuration and interval it names."""
+def verdicts(sweep: pl.DataFrame, noise: pl.DataFrame, min_gain: float = MIN_GAIN, level_of=None,
+             tried: dict[str, int] | None = None) -> pl.DataFrame:
+    """One line per group: its verdict and the configuration and interval it names. level_of(group, n): the level
+    of a group whose configurations have n prompts (an --until-confident look's; 95% by default; None: the group
+    is not looked at). tried: per
+    category, the configurations its timed ones were chosen among on their own prompts (the verdict is widened
+    for that choice)."""
     busy = {r["config"] for r in noise.iter_rows(named=True) if r["busy"]}
     rows = []
     for key, g in sweep.group_by(GROUP, maintain_order=True):
@@ -62,15 +68,26 @@ def verdicts(sweep: pl.DataFrame, noise: pl.DataFrame) -> pl.DataFrame:
         base = g.filter(pl.col("draft") == "none")
         if not len(spec):
             continue
+        group = dict(zip(GROUP, key))
         base_busy = any(c in busy for c in base["config"])
         ev = [Evidence(r["config"], r["speedup"], r["speedup_se"], r["prompts"] or 0, r["config"] in busy or base_busy)
               for r in spec.iter_rows(named=True)]
-        v = decide(ev)
+        n = max(e.prompts for e in ev)
+        level = LEVEL if level_of is None else level_of(group, n)
+        if level is None:  # not looked at again
+            continue
+        v = decide(ev, level, min_gain, (tried or {}).get(group["category"], 0))
         chosen = spec.filter(pl.col("config") == v.chosen.config).row(0, named=True) if v.chosen else {}
-        rows.append(dict(zip(GROUP, key)) | {
+        rows.append(group | {
             "verdict": v.kind, "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted, "k": v.k, "further": v.further,
-            "why": v.why, "plain_tokens_per_s": chosen.get("ref_tokens_per_s")}
+            "why": v.why, "min_gain": v.min_gain, "level": v.level, "at_most": v.at_most, "group_prompts": n,
+            "plain_tokens_per_s": chosen.get("ref_tokens_per_s")}
             | {k: chosen.get(k) for k in CHOSEN})
+    return verdicts_frame(rows)
+
+
+def verdicts_frame(rows: list[dict]) -> pl.DataFrame:
+    """Verdict lines in report order: per target and setting, greedy first, categories in their file order."""
     if not rows:
         return pl.DataFrame()
     from harness.prompts import CATEGORIES

@@ -1,0 +1,122 @@
+"""The answer in words, first on the report's first screen and in answer.json: one line per category and policy
+(per target and setting where a run sweeps several), the configuration to use with its interval, and beside every
+"speculate" the command that gives it in llama.cpp."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import polars as pl
+
+from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SPECULATE
+from harness.report.fmt import ci
+
+VARY = ("target", "ngl", "threads", "setup")
+
+
+def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
+    """One dict per group: where (target, ngl, threads, setup, category, policy), the verdict, the configuration
+    it names and its figures, how it was judged (predicted from every prompt, or timed) and, for speculate, how
+    to run it in llama.cpp (report.howto) with, where llama.cpp's rule differs from the one measured, the figure
+    of llama.cpp's rule beside."""
+    from harness.plan import Instance
+    by_id = {i.id: i for i in (Instance(**d) for d in plan.get("instances", []))}
+    n_ctx = plan.get("params", {}).get("n_ctx", 2048)
+    replay = data.get("replay_verdicts")
+    if replay is not None and len(replay):
+        pred = data["replay"]
+        out = []
+        for r in replay.iter_rows(named=True):
+            base = by_id.get(r["base"])
+            inst = None if base is None else replace(base, draft=r["draft"], gamma=r["gamma"],
+                                                     adaptive=r["adaptive"], verify=r["verify"] or "leviathan")
+            same = (pl.col("base") == r["base"]) & (pl.col("category") == r["category"]) & \
+                (pl.col("draft") == r["draft"]) & (pl.col("gamma") == r["gamma"]) & \
+                (pl.col("adaptive") == r["adaptive"]) & (pl.col("verify") == "exact")
+            out.append(_answer(r, f"{r['proposer']} γ {'auto<=' if r['adaptive'] else ''}{r['gamma']}", inst,
+                               "predicted from every prompt", n_ctx, pred.filter(same)))
+        return out
+    v, sweep = data.get("verdicts"), data.get("sweep")
+    if v is None or not len(v):
+        return []
+    out = []
+    for r in v.iter_rows(named=True):
+        inst = by_id.get(r.get("config"))
+        twin = pl.DataFrame()
+        if inst is not None and sweep is not None:  # the same configuration under llama.cpp's rule, if timed
+            ids = {i.id for i in by_id.values() if replace(i, verify=inst.verify) == inst and i.verify == "exact"}
+            twin = sweep.filter(pl.col("config").is_in(ids) & (pl.col("category") == r["category"]))
+        name = f"{r['draft_label']} γ {r['gamma_label']}" if r.get("draft") else ""
+        out.append(_answer(r, name, inst, "timed", n_ctx, twin))
+    return out
+
+
+def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFrame) -> dict:
+    from harness.report.howto import howto_for_instance
+    a = {k: r.get(k) for k in (*VARY, "category", "policy", "verdict", "speedup", "lo", "hi", "at_most", "further",
+                               "min_gain")} | {"configuration": name, "source": source}
+    how = howto_for_instance(inst, n_ctx) if inst is not None and r["verdict"] == SPECULATE else None
+    a |= {"server": how and how.server, "speculative_simple": how and how.speculative_simple,
+          "python": how and how.python, "note": how.note if how else ""}
+    x = exact.row(0, named=True) if len(exact) and how and how.note and "exact" in how.note else None
+    return a | {"exact_speedup": x and x["speedup"], "exact_lo": x and x["speedup_lo"],
+                "exact_hi": x and x["speedup_hi"]}
+
+
+def sentence(a: dict) -> str:
+    """'code, greedy: speculate: ngram:3 γ 2, 1.31x [1.12, 1.52]'; 'creative, T=0.7: no gain worth having (best
+    1.01x, at most 1.03x)'."""
+    where = f"{a['category']}, {a['policy']}"
+    gain = f"{a['min_gain']:.0%}"
+    v = a["verdict"]
+    if v == SPECULATE:
+        return (f"{where}: **speculate**: {a['configuration']}, {ci(a['speedup'], a['lo'], a['hi'], unit='x')} "
+                f"(at least {a['lo']:.2f}x: a gain over {gain})")
+    if v == NO_GAIN:
+        return (f"{where}: **no gain worth having** (best {a['speedup']:.2f}x, {a['configuration']}; at most "
+                f"{a['at_most']:.2f}x, under the {gain} worth having)")
+    if v == PLAIN:
+        return (f"{where}: **plain decoding**: every configuration loses (best {a['configuration']}, "
+                f"{ci(a['speedup'], a['lo'], a['hi'], unit='x')})")
+    if v == INCONCLUSIVE:
+        more = "out of reach" if a["further"] is None else f"about {a['further']} more prompts would settle it"
+        return (f"{where}: **inconclusive** (best {a['configuration']}, "
+                f"{ci(a['speedup'], a['lo'], a['hi'], unit='x')}; {more})")
+    return f"{where}: **{v}**"
+
+
+def section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
+    """The first lines of the report: the answer per group, in words, each "speculate" with its command."""
+    rows = answers(data, plan)
+    if not rows:
+        return []
+    vary = [k for k in VARY if len({r[k] for r in rows}) > 1]
+    lines = ["## The answer", "",
+             f"Per category and sampling policy, {rows[0]['source']}; 95% confidence, at a least gain worth having "
+             f"of {rows[0]['min_gain']:.0%} (`--min-gain`). The tables below give every figure.", ""]
+    for r in rows:
+        where = ", ".join(f"{k} {r[k]}" for k in vary)
+        lines.append(f"- {where + ': ' if where else ''}{sentence(r)}")
+        lines += [f"  {x}" for x in _how(r)]
+    return lines + [""]
+
+
+def _how(a: dict) -> list[str]:
+    """The commands beside a speculate answer, as an indented block of the list item."""
+    if a["verdict"] != SPECULATE:
+        return []
+    out = []
+    if a["note"]:
+        out.append(a["note"] + (f" Under llama.cpp's rule this run measured "
+                                f"{ci(a['exact_speedup'], a['exact_lo'], a['exact_hi'], unit='x')}."
+                                if a["exact_speedup"] is not None else ""))
+    for label, text, lang in (("llama-server", a["server"], "sh"), ("llama-speculative-simple",
+                                                                     a["speculative_simple"], "sh"),
+                              ("llama-cpp-python", a["python"], "python")):
+        if text:
+            out += [f"{label}:", f"```{lang}", *text.splitlines(), "```"]
+    return out
+
+
+def answer_frame(data: dict[str, pl.DataFrame], plan: dict) -> pl.DataFrame:
+    """The answers as a table, for --format json/csv/parquet (answer.FMT)."""
+    return pl.DataFrame(answers(data, plan), infer_schema_length=None)
