@@ -3,6 +3,7 @@ path with gamma = 0. Each step becomes one trace record; each generation one mor
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,15 @@ class Request:
     tokens: list[int]
     max_tokens: int
     category: str = ""
+    repeat: int = 0
+
+
+def streams(policy: Policy, req: Request) -> tuple[np.random.Generator, np.random.Generator]:
+    """The target's and the draft's random streams for one generation, from the policy's seed, the prompt and the
+    repeat: independent across prompts and repeats, reproducible, and the same for a speculative generation and
+    its plain twin (under the exact rule the target then samples what the twin sampled)."""
+    key = [policy.seed, req.repeat, zlib.crc32(req.prompt_id.encode())]
+    return np.random.default_rng([*key, 0]), np.random.default_rng([*key, 1])
 
 
 def check_fits(n_prompt: int, max_tokens: int, gamma_max: int, n_ctx: int) -> None:
@@ -77,7 +87,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
         ctl.begin()
     mode = mode or ("baseline" if proposer is None else "speculative")
     trace = trace or TraceWriter(None)
-    rng = np.random.default_rng(policy.seed)
+    rng, draft_rng = streams(policy, req)
     eog = target.vocab.is_eog
     ctx = list(req.tokens)
     out: list[int] = []
@@ -89,6 +99,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
     t1 = time.perf_counter()
     draft_prefill_ms = 0.0
     if proposer is not None:
+        proposer.rng = draft_rng
         proposer.prefill(ctx, policy)
         draft_prefill_ms = (time.perf_counter() - t1) * 1000
     t_gen = time.perf_counter()

@@ -51,6 +51,7 @@ class Proposal:
 
 class Proposer(Protocol):
     name: str
+    rng: np.random.Generator  # set by the loop for each generation (loop.streams); a lookup draws nothing
 
     def prefill(self, prompt: list[int], policy: Policy) -> None: ...
 
@@ -82,9 +83,8 @@ class DraftModelProposer:
         self.rng = np.random.default_rng(0)
 
     def prefill(self, prompt: list[int], policy: Policy) -> None:
-        """Start a generation: take its policy and seed, evaluate the prompt (all but its last token)."""
+        """Start a generation: take its policy, evaluate the prompt (all but its last token)."""
         self.policy = policy
-        self.rng = np.random.default_rng([policy.seed, 1])
         self.engine.reset()
         self.engine.decode(prompt[:-1], logits="none")
 

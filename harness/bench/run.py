@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -83,6 +84,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
                 "instances": [asdict(i) for i in instances], "prompt_ids": rounds[0],
                 "prompt_digests": {p.id: p.digest for p in pool}, "rounds": rounds,
                 "categories": sorted({p.category for p in first}),
+                "pool_sizes": dict(Counter(p.category for p in pool)),  # the looks' spending runs to these
                 "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time(),
                 "idle_check": idle, "models": models_info({i.target for i in instances} | {i.draft for i in instances})}
         write_plan(run_dir, plan)
@@ -132,8 +134,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             _replay(instances, skipped, first, params, run_dir)
         if params.timed_subset and "timed" not in plan:
             from harness.bench.subset import choose
-            plan["timed"] = choose(run_dir, [i for i in instances if i.id not in skipped], first,
-                                   params.timed_subset)
+            plan["timed"], plan["timed_in_sample"] = choose(run_dir, [i for i in instances if i.id not in skipped],
+                                                            first, params.timed_subset)
             write_plan(run_dir, plan)
             click.echo(f"timed subset from the replay: {len(plan['timed'])} configuration(s)", err=True)
             _run_units([(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]],

@@ -1,6 +1,7 @@
 """The timed subset (`--timed-subset N`): with a replay, only some configurations are timed, chosen from its
 predictions: per category and policy, each proposer's predicted best gamma and gamma 1, on the category's first
-N prompts, paired with plain decoding as ever. They check the predictions; the predictions carry the verdicts."""
+N prompts, paired with plain decoding as ever. They check the predictions; the predictions carry the verdicts.
+The gamma is chosen on the category's other prompts, so that the timed runs check it out of sample."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,22 +20,55 @@ def first_prompts(prompts: list, n: int) -> dict[str, list]:
     return firsts
 
 
-def choose(run_dir: Path, instances: list[Instance], prompts: list, n: int) -> dict[str, list[str]]:
-    """{configuration id: prompt ids to time it on}, from the run's replay predictions."""
-    from harness.report.tables import compute
+def choose(run_dir: Path, instances: list[Instance], prompts: list,
+           n: int) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """({configuration id: prompt ids to time it on}, the plan's timed_in_sample), from the run's replay. Each
+    proposer's gamma is chosen on the category's other prompts: chosen on the prompts it is then timed on, its
+    luck there would pass for a confirmation. A category with no other prompt is chosen on its timed ones:
+    timed_in_sample gives it the number of (proposer, gamma) configurations the choice was among, for its
+    verdict to be widened by."""
     from harness.sampling import Policy
-    pred = compute(run_dir).get("replay")
-    if pred is None or not len(pred):
-        return {}
     firsts = {cat: [p.id for p in ps] for cat, ps in first_prompts(prompts, n).items()}
-    by_key = {(i.target, i.ngl, i.threads, i.setup, Policy(**i.policy).label, i.draft_label, i.gamma): i.id
+    pred, in_sample = held_out_predictions(run_dir, firsts)
+    if pred is None:
+        return {}, {}
+    pred = pred.filter(~pl.col("adaptive"))
+    by_key = {(i.plain().id, Policy(**i.policy).label, i.draft_label, i.gamma): i.id
               for i in instances if not i.baseline and not i.adaptive}
     chosen: dict[str, list[str]] = {}
-    for (target, ngl, threads, setup, policy, cat, proposer), g in pred.filter(~pl.col("adaptive")).group_by(
-            ["target", "ngl", "threads", "setup", "policy", "category", "proposer"], maintain_order=True):
+    for (base, policy, cat, proposer), g in pred.group_by(["config", "policy", "category", "proposer"],
+                                                          maintain_order=True):
         best = int(g.sort("speedup", descending=True)["gamma"][0])
         for gamma in dict.fromkeys((best, 1)):
-            config = by_key.get((target, ngl, threads, setup, policy, proposer, gamma))
+            config = by_key.get((base, policy, proposer, gamma))
             if config is not None:
                 chosen.setdefault(config, []).extend(firsts.get(cat, []))
-    return chosen
+    # a (proposer, gamma) per prediction row: each category's most rows of one target and policy
+    tried = pred.filter(pl.col("category").is_in(list(in_sample))).group_by("config", "policy", "category").len()
+    return chosen, dict(tried.group_by("category").agg(pl.col("len").max()).iter_rows())
+
+
+def held_out_predictions(run_dir: Path, firsts: dict[str, list[str]]) -> tuple[pl.DataFrame | None, set[str]]:
+    """The replay's predictions (analysis.predict) from each category's prompts beyond its timed ones `firsts`,
+    or from all of them where it has no other (those categories: the second value). None without a replay."""
+    from harness.analysis import metrics
+    from harness.analysis.predict import predictions
+    from harness.rundir import REPLAY_DIR, finished, load_records, ok_units, read_plan
+    d = run_dir / REPLAY_DIR
+    units = ok_units(d) if d.is_dir() else set()
+    records = load_records(d, units)
+    timed = {x for ids in firsts.values() for x in ids}
+    others = {r["category"] for r in records if r["type"] == "replay_prompt" and r["prompt_id"] not in timed}
+    skip = {x for cat in others for x in firsts.get(cat, [])}
+    records = [r for r in records if r.get("prompt_id") not in skip]
+    # the plain speed each category's prediction is levelled to, over the same prompts
+    bases = {r["config"] for r in records}
+    plain_units = {u for u, r in finished(run_dir).items() if r.get("status") == "ok" and r["config"] in bases}
+    gens = metrics.frame([r for r in load_records(run_dir, plain_units) if r.get("prompt_id") not in skip],
+                         "generation")
+    plain = {} if not len(gens) else {
+        (r["config"], r["category"]): 1 / r["tokens_per_ms"]
+        for r in metrics.throughput(gens, ["config", "category"]).iter_rows(named=True) if r["tokens_per_ms"]}
+    rows = predictions(records, plain, read_plan(run_dir).get("params", {}).get("replay_gamma", 8))
+    in_sample = {r["category"] for r in records if r["type"] == "replay_prompt"} - others
+    return (pl.DataFrame(rows, infer_schema_length=None), in_sample) if rows else (None, set())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -76,10 +76,10 @@ def run_sequential(inst: Instance, pair, requests: list, files: dict, repeat: in
     # baseline configuration's trace when it ran earlier in the sweep
     check = inst.policy["temperature"] == 0 and not inst.baseline
     plain_ref = plain_outputs(run_dir, inst, round_) if check and "baseline" not in files else {}
-    n = 0
+    pol, n = Policy(**inst.policy), 0
     for rep in range(repeat):
-        pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
         for pr, req in requests:
+            req = replace(req, repeat=rep)  # its random streams (loop.streams)
             gamma = inst.gamma
             if inst.adaptive:
                 if pr.category not in controllers:
@@ -116,10 +116,10 @@ def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, 
     by_cat: dict[str, list] = {}
     for r in requests:
         by_cat.setdefault(r.category, []).append(r)
-    n = 0
+    pol, n = Policy(**inst.policy), 0
     for rep in range(repeat):
-        pol = Policy(**(inst.policy | {"seed": inst.policy["seed"] + rep}))
         for cat, reqs in by_cat.items():
+            reqs = [replace(r, repeat=rep) for r in reqs]  # their random streams (loop.streams)
             modes = list(files) if n % 2 == 0 else list(reversed(files))
             n += 1
             traces = {}

@@ -1,8 +1,8 @@
 """Several requests decoded together, as llama-server's slots do: N sequences in one context, one llama_decode per
 step holding every active sequence's token (plain) or verification block (speculative), the draft batched the
 same way. A sequence that finishes frees its slot for the next request, so the batch stays full until the
-requests run out. Each sequence keeps its own positions, KV range (rolled back on its own) and random streams:
-the verifier is loop.check per sequence, so outputs stay lossless.
+requests run out. Each sequence keeps its own positions, KV range (rolled back on its own) and random streams
+(its request's, as the single-sequence loop's): the verifier is loop.check per sequence, so outputs stay lossless.
 
 Trace records: a step record per sequence and step (the step's shared draft, verify and overhead times; `batch`
 tokens the target decoded in it, `active` sequences), a generation record per request (gen_ms: the steps it took
@@ -16,7 +16,7 @@ import numpy as np
 
 from harness.divergence import margin as top2_margin
 from harness.engine import Engine
-from harness.loop import Request, check, outcome
+from harness.loop import Request, check, outcome, streams
 from harness.proposers import Drafting, NgramProposer, Proposal, draft_pick
 from harness.sampling import Policy, top_prob
 from harness.trace import TraceWriter
@@ -118,8 +118,8 @@ def generate_concurrent(target: Engine, requests: list[Request], policy: Policy,
     while queue or active:
         while queue and free:  # a free slot takes the next request: its prompt, then it joins the next step
             req, t0 = queue.pop(0), time.perf_counter()
-            s = Slot(free.pop(0), req, np.random.default_rng(policy.seed), np.random.default_rng([policy.seed, 1]),
-                     t0, 0.0, ctx=list(req.tokens))
+            # the request's streams, not the slot's: it may take another slot in its plain twin's batch
+            s = Slot(free.pop(0), req, *streams(policy, req), t0, 0.0, ctx=list(req.tokens))
             _prefill_target(target, s)
             if isinstance(proposer, BatchedDraft):
                 proposer.prefill(s)

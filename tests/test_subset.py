@@ -1,0 +1,68 @@
+"""The timed subset's choice (bench.subset.choose) on synthetic replay records: each proposer's gamma is chosen on
+the category's prompts that are not then timed, and a category without such prompts is recorded as chosen in
+sample, with the number of configurations the choice was among."""
+import json
+from types import SimpleNamespace
+
+from harness.bench.subset import choose, held_out_predictions
+from harness.plan import Instance
+from harness.rundir import REPLAY_DIR, TRACES_DIR
+
+GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
+INSTANCES = [Instance("t", "d", g, GREEDY, 0, 0, 1) for g in range(1, 9)]
+BASE = INSTANCES[0].plain().id
+N = 30
+# the draft's match at each position: the timed prompt's every token (gamma 8 wins there); the other's two in
+# three, which a block of two, all accepted, catches best
+MATCH = {"lucky": [1] * 4 * N, "held": [1, 1, 0] * (N // 3)}
+# a verification block costs the same at any size; the draft 2 ms a token, its catch-up after all were accepted 0.2
+COSTS = {"type": "costs", "proposer": "d", "contexts": [128], "target_ms_by_context": [[10.0] * 9],
+         "draft_ms_by_context": [[2.0 + 0.2 * k for k in range(9)]], "overhead_ms": 0.0}
+
+
+def run_dir(tmp_path, prompts: dict[str, str]):
+    """A run whose replay of BASE holds the prompts {id: category}, and whose plain baseline ran them at 10 ms a
+    token."""
+    common = {"config": BASE, "policy": "greedy"}
+    replay = [COSTS | common]
+    plain = []
+    for pid, cat in prompts.items():
+        n = len(MATCH[pid])
+        at = {"category": cat, "prompt_id": pid, "repeat": 0}
+        replay += [common | at | {"type": "replay_prompt", "prompt_tokens": [1, 2, 3],
+                                  "tokens": [4] * n, "stop_token": None, "max_tokens": n},
+                   common | at | {"type": "replay", "proposer": "d", "match": MATCH[pid]}]
+        n = len(MATCH[pid])
+        plain.append({"config": BASE, **at, "type": "generation", "prompt_tokens": 3, "n_tokens": n,
+                      "gen_ms": 10.0 * n, "latency_ms": 10.0 * n, "prompt_eval_ms": 1.0})
+    for d, recs in ((tmp_path / REPLAY_DIR, replay), (tmp_path, plain)):
+        (d / TRACES_DIR).mkdir(parents=True)
+        (d / TRACES_DIR / f"{BASE}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (d / "results.jsonl").write_text(json.dumps({"config": BASE, "unit": BASE, "status": "ok"}) + "\n")
+    (tmp_path / "plan.json").write_text(json.dumps({"params": {"replay_gamma": 8}, "instances": [],
+                                                    "prompt_ids": list(prompts), "categories": []}))
+    return tmp_path, [SimpleNamespace(id=p, category=c) for p, c in prompts.items()]
+
+
+def timed_gammas(chosen: dict[str, list[str]]) -> set[int]:
+    return {i.gamma for i in INSTANCES if i.id in chosen}
+
+
+def test_the_gamma_is_chosen_on_the_prompts_not_timed(tmp_path):
+    run, prompts = run_dir(tmp_path, {"lucky": "code", "held": "code"})
+    best = {}
+    for name, left_out in (("lucky", {"code": ["held"]}), ("both", {"code": []})):
+        pred, _ = held_out_predictions(run, left_out)
+        best[name] = pred.filter(~pred["adaptive"]).sort("speedup")["gamma"][-1]
+    assert best["lucky"] == 8 and best["both"] > 2  # on every prompt, the timed one's luck carries the choice
+    chosen, in_sample = choose(run, INSTANCES, prompts, 1)
+    assert timed_gammas(chosen) == {1, 2} and in_sample == {}
+    assert all(ids == ["lucky"] for ids in chosen.values())  # timed on the category's first prompt
+
+
+def test_a_category_without_other_prompts_is_chosen_in_sample(tmp_path):
+    run, prompts = run_dir(tmp_path, {"lucky": "code", "held": "chat"})
+    chosen, in_sample = choose(run, INSTANCES, prompts, 1)
+    assert in_sample == {"code": 8, "chat": 8}  # one proposer, gammas 1-8
+    for pid, gammas in (("lucky", {1, 8}), ("held", {1, 2})):  # each chosen on its one prompt
+        assert timed_gammas({c: ids for c, ids in chosen.items() if pid in ids}) == gammas
