@@ -8,7 +8,7 @@ from dataclasses import replace
 import polars as pl
 
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SPECULATE
-from harness.report.fmt import ci
+from harness.report.fmt import beside, ci
 
 VARY = ("target", "ngl", "threads", "setup")
 
@@ -58,8 +58,10 @@ def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFra
     a |= {"server": how and how.server, "speculative_simple": how and how.speculative_simple,
           "python": how and how.python, "note": how.note if how else ""}
     x = exact.row(0, named=True) if len(exact) and how and how.note and "exact" in how.note else None
+    # "instance": the plan.Instance the answer names, for every verdict (harness crosscheck runs it in
+    # llama-server); not exported (answer_frame drops it)
     return a | {"exact_speedup": x and x["speedup"], "exact_lo": x and x["speedup_lo"],
-                "exact_hi": x and x["speedup_hi"]}
+                "exact_hi": x and x["speedup_hi"], "instance": inst}
 
 
 def sentence(a: dict) -> str:
@@ -73,12 +75,13 @@ def sentence(a: dict) -> str:
                 f"(at least {a['lo']:.2f}x: a gain over {gain})")
     if v == NO_GAIN:
         return (f"{where}: **no gain worth having** (best {a['speedup']:.2f}x, {a['configuration']}; at most "
-                f"{a['at_most']:.2f}x, under the {gain} worth having)")
+                f"{beside(a['at_most'], 1 + a['min_gain'])}x, under the {gain} worth having)")
     if v == PLAIN:
         return (f"{where}: **plain decoding**: every configuration loses (best {a['configuration']}, "
                 f"{ci(a['speedup'], a['lo'], a['hi'], unit='x')})")
     if v == INCONCLUSIVE:
-        more = "out of reach" if a["further"] is None else f"about {a['further']} more prompts would settle it"
+        more = "out of reach" if a["further"] is None else \
+            f"about {a['further']} more prompt{'s' * (a['further'] > 1)} would settle it"
         return (f"{where}: **inconclusive** (best {a['configuration']}, "
                 f"{ci(a['speedup'], a['lo'], a['hi'], unit='x')}; {more})")
     return f"{where}: **{v}**"
@@ -119,4 +122,5 @@ def _how(a: dict) -> list[str]:
 
 def answer_frame(data: dict[str, pl.DataFrame], plan: dict) -> pl.DataFrame:
     """The answers as a table, for --format json/csv/parquet (answer.FMT)."""
-    return pl.DataFrame(answers(data, plan), infer_schema_length=None)
+    return pl.DataFrame([{k: v for k, v in a.items() if k != "instance"} for a in answers(data, plan)],
+                        infer_schema_length=None)

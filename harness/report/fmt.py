@@ -16,6 +16,11 @@ def table(rows: list[list], headers: list[str]) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+def beside(x: float, bar: float, spec: str = ".2f") -> str:
+    """x to `spec`, with a third decimal where it would round to the bar it is compared with."""
+    return f"{x:.3f}" if x != bar and f"{x:{spec}}" == f"{bar:{spec}}" else f"{x:{spec}}"
+
+
 def ci(x, lo, hi, spec: str = ".2f", unit: str = "") -> str:
     """'1.04x [0.93, 1.16]'; the figure alone when there is no interval. A speedup bound that would round to
     1.00 gets a third decimal: which side of 1 it lies on is the verdict."""
@@ -25,7 +30,7 @@ def ci(x, lo, hi, spec: str = ".2f", unit: str = "") -> str:
         return f"{x:{spec}}{unit}"
 
     def bound(b):
-        return f"{b:.3f}" if unit == "x" and b != 1 and f"{b:{spec}}" == f"{1:{spec}}" else f"{b:{spec}}"
+        return beside(b, 1, spec) if unit == "x" else f"{b:{spec}}"
     return f"{x:{spec}}{unit} [{bound(lo)}, {bound(hi)}]"
 
 

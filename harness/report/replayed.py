@@ -7,7 +7,7 @@ import polars as pl
 
 from harness.analysis.verdict import INCONCLUSIVE, MIN_GAIN, NO_GAIN, PLAIN, SPECULATE, Evidence, decide
 from harness.report.verdicts import speculated
-from harness.report.fmt import ci, f, table
+from harness.report.fmt import beside, ci, f, table
 
 GROUP = ["target", "ngl", "threads", "setup", "policy", "category"]
 SHOWN_GAMMAS = (1, 2, 4, 8)
@@ -29,7 +29,7 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN) -> pl.DataFr
                                              "speedup": x["speedup"], "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted,
                                              "k": v.k, "prompts": x["prompts"], "further": v.further, "kind": x["kind"],
                                              "min_gain": v.min_gain, "at_most": v.at_most, "why": v.why,
-                                             "draft": x["draft"], "verify": x["verify"],
+                                             "draft": x["draft"], "verify": x["verify"], "base": x["base"],
                                              "timed": x["timed_speedup"], "timed_lo": x["timed_speedup_lo"],
                                              "timed_hi": x["timed_speedup_hi"]})
     return pl.DataFrame(rows, infer_schema_length=None)
@@ -60,13 +60,13 @@ def confirmation(r: dict) -> str:
 def settle(r: dict) -> str:
     """What a verdict line says of its claim: the bound that settled it, or the prompts that would."""
     if r["verdict"] == NO_GAIN:
-        return f"all <= {r['at_most']:.2f}x (< {1 + r['min_gain']:.2f})"
+        return f"all <= {beside(r['at_most'], 1 + r['min_gain'])}x (< {1 + r['min_gain']:.2f})"
     if r["verdict"] == SPECULATE:
         return f"> {1 + r['min_gain']:.2f}x"
     if r["verdict"] == PLAIN:
         return "all < 1"
     if r["verdict"] == INCONCLUSIVE:
-        return "out of reach" if r["further"] is None else f"~{r['further']} more prompts"
+        return "out of reach" if r["further"] is None else f"~{r['further']} more prompt{'s' * (r['further'] > 1)}"
     return ""
 
 
