@@ -21,9 +21,11 @@ def cal_path(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> P
     return root / f"{model_name}-t{threads}-ngl{ngl}.json"
 
 
-def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int, logits: str) -> list[float]:
+def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int,
+                logits: str) -> tuple[list[float], list[float]]:
     """Median ms of decoding block[:k] after n_keep cached tokens, k = 1..k_max, the k interleaved within each
-    repetition so that a slow spell of the machine does not land on one k."""
+    repetition so that a slow spell of the machine does not land on one k; and each k's spread over the
+    repetitions (their standard deviation; 0 from one), which says how far each median could be off."""
     times: list[list[float]] = [[] for _ in range(k_max)]
     for _ in range(reps):
         for k in range(1, k_max + 1):
@@ -32,7 +34,7 @@ def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int,
             e.decode(block[:k], logits=logits)
             times[k - 1].append((time.perf_counter() - t) * 1000)
     e.trim(n_keep)
-    return [statistics.median(t) for t in times]
+    return [statistics.median(t) for t in times], [statistics.stdev(t) if reps > 1 else 0.0 for t in times]
 
 
 def check_args(k_max: int, reps: int) -> None:
@@ -53,7 +55,7 @@ def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, r
     m = resolve(model_ref)
     require_present(m)
     cfg = EngineConfig(n_ctx=CONTEXTS[-1] + k_max + 8, n_batch=512, n_gpu_layers=ngl, threads=threads)
-    by_context, last_by_context = [], []
+    by_context, last_by_context, sd, last_sd = [], [], [], []
     with Engine(m.path, cfg) as e:
         filler = e.vocab.tokenize("The quick brown fox jumps over the lazy dog. " * 120, add_special=False)
         block = filler[:k_max]
@@ -61,11 +63,14 @@ def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, r
             e.reset()
             e.decode(filler[:ctx], logits="none")
             e.decode(block[:4], logits="all")  # warm-up
-            by_context.append(time_blocks(e, ctx, block, k_max, reps, "all"))
-            last_by_context.append(time_blocks(e, ctx, block, k_max, reps, "last"))
+            for ms, spread, logits in ((by_context, sd, "all"), (last_by_context, last_sd, "last")):
+                med, dev = time_blocks(e, ctx, block, k_max, reps, logits)
+                ms.append(med)
+                spread.append(dev)
     return {"model": m.name, "path": str(m.path), "threads": cfg.resolved_threads(), "ngl": ngl,
             "contexts": list(CONTEXTS), "k": list(range(1, k_max + 1)), "ms_by_context": by_context,
             "ms_last_by_context": last_by_context, "ms": by_context[0], "reps": reps,
+            "ms_sd_by_context": sd, "ms_last_sd_by_context": last_sd,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "sha256": _sha256(m),
             "machine": header(collect())}  # portable: `harness predict` puts another machine's run beside it
 
@@ -87,22 +92,24 @@ def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max:
             contexts: tuple[int, ...], reps: int = 3) -> dict:
     """The decode costs a worker's rows will pay, measured in the worker seconds before them: the target's
     verification blocks (all logits) and the draft's decodes (last logits) of k = 1..k_max tokens, after each
-    of `contexts` cached tokens of real prompt text (interpolated to each row's own context). A calibration
-    taken minutes earlier can be stale: on a 2-core VM the batched decodes slowed by 13% relative to
-    single-token ones between the run's calibration and its sweep."""
+    of `contexts` cached tokens of real prompt text (interpolated to each row's own context), with each median's
+    repetitions' spread ("*_sd_by_context", with "reps"). A calibration taken minutes earlier can be stale: on a
+    2-core VM the batched decodes slowed by 13% relative to single-token ones between the run's calibration and
+    its sweep."""
     engines = [e for e in (target, draft) if e is not None]
     room = min(e.n_ctx for e in engines) - k_max - 2
     ctxs = [c for c in contexts if c <= room] or [room]
     filler = (text * (ctxs[-1] // max(len(text), 1) + 1))[:ctxs[-1]]
-    out = {"type": "costs", "contexts": ctxs, "k": k_max}
-    for role, e, logits in (("target_ms_by_context", target, "all"), ("draft_ms_by_context", draft, "last")):
+    out = {"type": "costs", "contexts": ctxs, "k": k_max, "reps": reps}
+    for role, e, logits in (("target", target, "all"), ("draft", draft, "last")):
         if e is None:
             continue
-        out[role] = []
+        out[f"{role}_ms_by_context"], out[f"{role}_sd_by_context"] = [], []
         for c in ctxs:
             e.reset()
             e.decode(filler[:c], logits="none")
-            out[role].append([round(x, 3) for x in time_blocks(e, c, filler[c - k_max:c], k_max, reps, logits)])
+            for key, xs in zip(("ms", "sd"), time_blocks(e, c, filler[c - k_max:c], k_max, reps, logits)):
+                out[f"{role}_{key}_by_context"].append([round(x, 3) for x in xs])
         e.reset()
     return out
 

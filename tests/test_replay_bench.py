@@ -25,12 +25,20 @@ def test_replay_records_and_report_sections(replay):
     sampled = [r for r in recs if r["type"] == "replay" and r["policy"] != "greedy"]
     assert {r["proposer"] for r in sampled} == {D, "ngram:2"}
     assert all(0 <= a <= 1 for r in sampled for a in r.get("alpha", []) + sum(r.get("alpha_blocks", []), []))
+    # llama.cpp's rule swept: the draft's matches along the output, and p of its top token
+    exact = [r for r in sampled if r["proposer"] == D]
+    assert exact and all(set(r["match_exact"]) <= {0, 1} and len(r["match_exact"]) == len(r["alpha_exact"])
+                         == len(r["alpha"]) for r in exact)
+    costs = [r for r in recs if r["type"] == "costs"]
+    assert all(r["reps"] > 1 and len(r["target_sd_by_context"]) == len(r["target_ms_by_context"]) for r in costs)
+    assert {r["proposer"] for r in costs if r.get("draft_sd_by_context")} == {D}  # a lookup's time has no spread
     for heading in ("## Predicted from every prompt (replay)", "### Acceptance (models, prompts and policy only)",
                     "### Cost (this machine only)", "### Predicted speedup", "### Replayed against timed"):
         assert heading in md
     acc = md_table(md, "### Acceptance (models, prompts and policy only)")
     assert {r["kind"] for r in acc} == {"exact", "expected"}
     assert {r["kind"] for r in acc if r["policy"] == "greedy"} == {"exact"}
+    assert {r["kind"] for r in acc if "(exact)" in r["proposer"]} == {"exact"}  # replayed like greedy
 
 
 def _results(run) -> dict:
@@ -67,6 +75,18 @@ def test_greedy_replay_against_the_timed_acceptance(replay):
     assert exact >= 1 and close >= 1
 
 
+def test_llamacpps_rule_replayed_against_the_timed_acceptance(replay):
+    """Under sampling, llama.cpp's rule samples what the plain twin sampled, so its replay is exact as greedy's:
+    the replayed acceptance is the timed one, up to the draft's own kernel near-ties."""
+    run, md = replay
+    rows = [r for r in md_table(md, "### Replayed against timed") if r["policy"] != "greedy" and "(exact)" in
+            r["proposer"]]
+    assert rows
+    for r in rows:
+        replayed, timed_acc = int(r["acceptance (replayed)"].split("%")[0]), int(r["(timed)"].rstrip("%"))
+        assert abs(replayed - timed_acc) <= 10
+
+
 def test_a_run_without_replay_says_so_once(timed_run, replay):
     assert report_md(timed_run).count("This run has no replay") == 1
     assert "This run has no replay" not in replay[1]
@@ -75,14 +95,15 @@ def test_a_run_without_replay_says_so_once(timed_run, replay):
 
 
 def test_timed_subset_times_what_the_replay_chose(replay):
-    """Only baselines on every prompt, then, per category and policy, each proposer's predicted best gamma and
-    gamma 1, on the category's first prompt."""
+    """Only baselines on every prompt, then, per category and policy, each proposer's predicted best gamma (on the
+    category's other prompts) and gamma 1, on the category's first prompt."""
     run, md = replay
     plan = json.loads((run / "plan.json").read_text())
     results = _results(run)
     timed = {c for c, x in results.items() if x["draft"] != "none"}
     assert timed == set(plan["timed"]) and all(x["status"] == "ok" for x in results.values())
     assert set(sum(plan["timed"].values(), [])) <= {"code-1", "chat-1"}  # each category's first prompt
+    assert plan["timed_in_sample"] == {}  # each category's second prompt chose what its first was timed on
     chosen = {(results[c]["draft"], results[c]["gamma"], results[c]["policy"]["temperature"]) for c in timed}
     for temp in (0.0, 0.8):  # gamma 1 always, beside each proposer's predicted best
         assert {(D, 1, temp), ("ngram:2", 1, temp)} <= chosen

@@ -32,8 +32,7 @@ def run_dir(tmp_path, prompts: dict[str, str]):
         replay += [common | at | {"type": "replay_prompt", "prompt_tokens": [1, 2, 3],
                                   "tokens": [4] * n, "stop_token": None, "max_tokens": n},
                    common | at | {"type": "replay", "proposer": "d", "match": MATCH[pid]}]
-        n = len(MATCH[pid])
-        plain.append({"config": BASE, **at, "type": "generation", "prompt_tokens": 3, "n_tokens": n,
+        plain.append({"config": BASE, **at, "type": "generation", "prompt_tokens": 3, "n_tokens": n, "steps": n,
                       "gen_ms": 10.0 * n, "latency_ms": 10.0 * n, "prompt_eval_ms": 1.0})
     for d, recs in ((tmp_path / REPLAY_DIR, replay), (tmp_path, plain)):
         (d / TRACES_DIR).mkdir(parents=True)

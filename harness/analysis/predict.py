@@ -1,24 +1,39 @@
 """Predicted acceptance and speedup for every proposer and gamma, from the replay records (analysis.replay) and
 the decode costs measured beside them: a row per (baseline, category, proposer, gamma), with the intervals of
-analysis.intervals (a bootstrap over the category's prompts; under greedy also over the replayed steps)."""
+analysis.intervals (a bootstrap over the category's prompts; where the steps are replayed exactly, also over
+them), the speedup's widened by the decode costs' own uncertainty where their record measured it."""
 from __future__ import annotations
 
-from collections import defaultdict
+import math
+from collections import Counter, defaultdict
+from statistics import NormalDist
 
 import numpy as np
+import polars as pl
 
-from harness.analysis.intervals import Generation, Row, row_intervals, step_matrix
+from harness.analysis.intervals import REPLICATES, Generation, Row, interval, row_intervals, step_matrix
 from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, replay_step, step_ms
 from harness.costmodel import Costs
 
 FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")
+PLAIN = Step(0, 0, 1)  # a plain decode
+
+
+def plain_decode_ms(gens: pl.DataFrame) -> dict[tuple[str, str], float]:
+    """{(config, category): ms per decode} of plain generations: their time over their decodes, the one that
+    produced the end of generation included. What one decode costs in costs_at: per token instead, the plain
+    twin of n tokens and an end (n + 1 decodes) would cost (n + 1) / n times what was measured."""
+    if not len(gens):
+        return {}
+    g = gens.group_by("config", "category").agg(pl.col("gen_ms").sum(), pl.col("steps").sum())
+    return {(r["config"], r["category"]): r["gen_ms"] / r["steps"] for r in g.iter_rows(named=True) if r["steps"]}
 
 
 def costs_at(rec: dict, context: float, plain_ms: float | None, overhead_ms: float | None = None) -> Costs:
     """A costs record (measured in a worker or beside the replay) at `context` cached tokens (linear between its
-    contexts). One decode costs what plain decoding measured per token (less the loop's overhead), where known:
-    the plain twins ran on the real prompts, seconds from the rows; the verification blocks and the draft's
-    decodes cost what was measured."""
+    contexts). One decode costs what plain decoding measured per decode (plain_decode_ms; less the loop's
+    overhead), where known: the plain twins ran on the real prompts, seconds from the rows; the verification blocks
+    and the draft's decodes cost what was measured (or draws of it: cost_draws)."""
     if "target_ms" in rec:  # a record from before two contexts were measured
         rec = rec | {"contexts": [rec["context"]], "target_ms_by_context": [rec["target_ms"]],
                      "draft_ms_by_context": [rec.get("draft_ms") or []]}
@@ -34,9 +49,47 @@ def costs_at(rec: dict, context: float, plain_ms: float | None, overhead_ms: flo
     return Costs(t, d[0] if d else 0.0, oh, draft_curve=tuple(d))
 
 
+def cost_draws(rec: dict, n: int, key: str) -> dict | None:
+    """The costs record with each measured median as n draws around it: normal, with the median's standard error
+    from its repetitions' spread (sqrt(pi/2) sd / sqrt(reps)), independent per context and k, floored above zero;
+    seeded by `key`. The draws are the normal's n quantiles in a shuffled order (a Latin hypercube), so that their
+    spread is the normal's to 0.1%, not to a few %. None for a record without spreads (from before they were
+    kept): its costs count as exact."""
+    if "target_sd_by_context" not in rec:
+        return None
+    rng = np.random.default_rng(list(key.encode()))
+    f = math.sqrt(math.pi / 2 / rec["reps"])
+    z = np.array([NormalDist().inv_cdf((i + 0.5) / n) for i in range(n)])
+
+    def draw(ms_rows, sd_rows):
+        return [[np.maximum(m + f * s * rng.permutation(z), 1e-6) for m, s in zip(ms, sd)]
+                for ms, sd in zip(ms_rows, sd_rows)]
+    out = rec | {"target_ms_by_context": draw(rec["target_ms_by_context"], rec["target_sd_by_context"])}
+    if rec.get("draft_sd_by_context"):  # a lookup's own time has none
+        out["draft_ms_by_context"] = draw(rec["draft_ms_by_context"], rec["draft_sd_by_context"])
+    return out
+
+
+def cost_sd(kinds: Counter, decodes: float, draws: Costs) -> float:
+    """The log speedup's spread over cost draws: the plain twins' time (`decodes` plain decodes) over the
+    speculative steps' (kinds: {(step, backlog): count}), both priced under every draw."""
+    spec = sum(w * step_ms(s, draws, b) for (s, b), w in kinds.items())
+    x = np.atleast_1d(np.log(decodes * step_ms(PLAIN, draws) / spec))
+    return float(x.std(ddof=1)) if x.size > 1 else 0.0
+
+
+def widened(iv: dict, sd: float) -> dict:
+    """A row's intervals with the costs' spread of the log speedup added to the bootstrap's, in quadrature."""
+    if iv["speedup_se"] is None or not sd:
+        return iv
+    se = math.hypot(iv["speedup_se"], sd)
+    lo, hi = interval(iv["speedup"], se, iv["prompts"], log=True)
+    return iv | {"speedup_se": se, "speedup_lo": lo, "speedup_hi": hi}
+
+
 def _plain(n: int, eos: bool, costs: Costs) -> np.ndarray:
-    """The plain twin: n tokens in n steps (one more to produce the end of generation)."""
-    ms = costs.verify(1) + costs.overhead_ms
+    """The plain twin: n tokens in n decodes, one more to produce the end of generation."""
+    ms = step_ms(PLAIN, costs)
     return step_matrix([1] * n + [0] * eos, [ms] * (n + eos), None, None, None, None, ms * (n + eos), spec=False)
 
 
@@ -55,7 +108,7 @@ def adaptive_steps(match: list[bool], n: int, max_tokens: int, gamma_max: int, e
             k += 1
         step, ended = replay_step(j, g, k, n, eos)
         ctl.observe([1.0] * step.accepted + [0.0] * step.rejected, g,
-                    step_ms(step, costs, g, backlog) - costs.verify(g + 1) - costs.overhead_ms * (g + 1) if g else None,
+                    step_ms(step, costs, backlog) - costs.verify(g + 1) - costs.overhead_ms * (g + 1) if g else None,
                     costs.verify(g + 1))
         steps.append((step, backlog))
         backlog = 0 if g else backlog + 1
@@ -65,27 +118,28 @@ def adaptive_steps(match: list[bool], n: int, max_tokens: int, gamma_max: int, e
     return steps
 
 
-def generation(prompt: dict, rep: dict | None, proposer: str, gamma: int, costs: Costs, greedy: bool,
-               lookup=None, adaptive: bool = False) -> Generation | None:
-    """The predicted speculative generation of one prompt beside its plain twin (adaptive: gamma chosen per step
-    up to `gamma`, greedy and a draft model only)."""
+def generation(prompt: dict, rep: dict | None, gamma: int, costs: Costs, exact: bool, lookup=None,
+               adaptive: bool = False) -> tuple[Generation, Counter] | None:
+    """The predicted speculative generation of one prompt beside its plain twin, and how many steps of each kind
+    it took ({(step, backlog): count}, expected counts where expected), to price them under other costs. exact:
+    its steps replayed from the draft's matches (or a lookup's proposals), else expected from alpha. adaptive:
+    gamma chosen per step up to `gamma` (exact, a draft model only)."""
     out, n, eos, m = prompt["tokens"], len(prompt["tokens"]), prompt["stop_token"] is not None, prompt["max_tokens"]
-    if greedy:
-        if adaptive:
-            if rep is None:
-                return None
-            sb = adaptive_steps([bool(x) for x in rep["match"]], n, m, gamma, eos, costs)
-            steps, ms = [s for s, _ in sb], [step_ms(s, costs, s.proposed, b) for s, b in sb]
-        elif lookup is not None:
-            steps = ngram_steps(prompt["prompt_tokens"], out, prompt["stop_token"], m, gamma, lookup)
-            ms = [step_ms(s, costs, gamma) for s in steps]
-        elif rep is not None:
-            steps = greedy_steps([bool(x) for x in rep["match"]], n, m, gamma, eos)
-            ms = [step_ms(s, costs, gamma) for s in steps]
-        else:
+    if exact:
+        if lookup is not None:
+            sb = [(s, 0) for s in ngram_steps(prompt["prompt_tokens"], out, prompt["stop_token"], m, gamma, lookup)]
+        elif rep is None:
             return None
+        elif adaptive:
+            sb = adaptive_steps([bool(x) for x in rep["match"]], n, m, gamma, eos, costs)
+        else:
+            sb = [(s, 0) for s in greedy_steps([bool(x) for x in rep["match"]], n, m, gamma, eos)]
+        steps, ms = [s for s, _ in sb], [step_ms(s, costs, b) for s, b in sb]
+        # alpha where verification reached: p of the draft's token under llama.cpp's rule, else whether it matched
+        reached = _reached(steps, rep.get("alpha", rep["match"])) if rep is not None else [s.accepted for s in steps]
         spec = step_matrix([s.emitted for s in steps], ms, [s.accepted for s in steps], [s.proposed for s in steps],
-                           [s.accepted for s in steps], [s.accepted + s.rejected for s in steps], sum(ms), spec=True)
+                           reached, [s.accepted + s.rejected for s in steps], sum(ms), spec=True)
+        kinds = Counter(sb)
     else:
         if rep is None:
             return None
@@ -96,13 +150,23 @@ def generation(prompt: dict, rep: dict | None, proposer: str, gamma: int, costs:
         spec = step_matrix([n], [e["ms"]], [e["accepted"]], [e["proposed"]], [sum(first)], [len(first)], e["ms"],
                            spec=True)
         spec[:, 6] = e["vsteps"]  # verification steps: expected, not one
-    return Generation(spec, _plain(n, eos, costs))
+        kinds = Counter({(s, 0): w for s, w in e["kinds"].items()})
+    return Generation(spec, _plain(n, eos, costs)), kinds
+
+
+def _reached(steps: list[Step], alpha) -> list[float]:
+    """Per step, alpha summed over the positions verification reached: its accepted drafts and a rejected one."""
+    out, j = [], 0
+    for s in steps:
+        out.append(float(sum(alpha[j:j + s.accepted + s.rejected])))
+        j += s.emitted
+    return out
 
 
 def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dict]:
     """Rows {config, policy, category, proposer, verify, gamma, kind, prompts, figure, figure_lo, figure_hi, ...}
     from one run's replay records (proposer: the draft as the tables name it, its rule included);
-    plain_ms[(config, category)] is the measured plain ms per token."""
+    plain_ms[(config, category)] is the measured plain ms per decode (plain_decode_ms)."""
     from harness.proposers import Drafting
     prompts = defaultdict(list)
     reps, costs = {}, {}
@@ -131,29 +195,40 @@ def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts
     greedy, label, out = policy == "greedy", drafting.label(proposer), []
     n = parse_ngram(proposer)
     lookup = (lambda ctx, k, ng=NgramProposer(n): ng.propose(ctx, k).tokens) if n is not None and greedy else None
+    # llama.cpp's rule samples with the plain twin's own draws, so its output is the twin's: replayed exactly like
+    # greedy where the draft's matches were kept (older runs kept p of its top token only: expected)
+    mine = [r for k, r in reps.items() if k[:2] == (config, policy) and k[3] == proposer]
+    exact = greedy or (drafting.verify == "exact" and bool(mine) and all("match_exact" in r for r in mine))
+    draws = cost_draws(crec, REPLICATES, f"costs/{config}/{policy}/{proposer}")
     by_cat = defaultdict(list)
     for p in prompts[(config, policy)]:
         by_cat[p["category"]].append(p)
     for cat, ps in by_cat.items():
         context = float(np.mean([len(p["prompt_tokens"]) + len(p["tokens"]) / 2 for p in ps]))
         c = costs_at(crec, context, plain_ms.get((config, cat)))
+        cd = costs_at(draws, context, plain_ms.get((config, cat))) if draws else None
         # every fixed gamma; and, greedy with a draft model, the adaptive controller up to gamma_max
         runs = [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
         for gamma, adaptive in runs:
-            gens = [generation(p, _as_rule(reps.get((config, policy, p["prompt_id"], proposer)), drafting.verify),
-                               proposer, gamma, c, greedy, lookup, adaptive) for p in ps]
-            row = Row([[g] for g in gens if g is not None])
-            if not row.prompts:
+            got = [x for p in ps if (x := generation(p, _as_rule(reps.get((config, policy, p["prompt_id"], proposer)),
+                                                                 drafting.verify), gamma, c, exact, lookup, adaptive))]
+            if not got:
                 continue
-            iv = row_intervals(row, f"replay/{config}/{cat}/{label}/{gamma}" + ("/auto" if adaptive else ""))
+            iv = row_intervals(Row([[g] for g, _ in got]),
+                               f"replay/{config}/{cat}/{label}/{gamma}" + ("/auto" if adaptive else ""))
+            if cd is not None:  # the steps as replayed, priced under each draw (an adaptive choice held fixed)
+                iv = widened(iv, cost_sd(sum((k for _, k in got), Counter()), sum(len(g.plain) for g, _ in got), cd))
             out.append({"config": config, "policy": policy, "category": cat, "proposer": label, "draft": proposer,
                         "verify": drafting.verify,
-                        "gamma": gamma, "adaptive": adaptive, "kind": "exact" if greedy else "expected",
-                        "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g in gens if g))}
+                        "gamma": gamma, "adaptive": adaptive, "kind": "exact" if exact else "expected",
+                        "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g, _ in got))}
                        | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
     return out
 
 
 def _as_rule(rep: dict | None, verify: str) -> dict | None:
-    """A replay record as the rule sees it: under llama.cpp's, a position is accepted with p(draft's top token)."""
-    return rep if rep is None or verify != "exact" else rep | {"alpha": rep["alpha_exact"]}
+    """A replay record as the rule sees it: under llama.cpp's, the draft's matches along the output (where kept)
+    and p of its top token as alpha (a position accepted with that probability, where expected)."""
+    if rep is None or verify != "exact":
+        return rep
+    return rep | {"alpha": rep["alpha_exact"]} | ({"match": rep["match_exact"]} if "match_exact" in rep else {})

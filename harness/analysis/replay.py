@@ -9,7 +9,9 @@ proposals are recomputed from the same contexts.
 
 Sampling. Along the target's own (sampled) output, alpha[j] = sum min(p, q) at position j is the probability
 that a draft token there is accepted (Leviathan et al.); the expected steps, acceptance and time at any gamma
-follow by dynamic programming over positions. These are *expected*, never *measured*.
+follow by dynamic programming over positions. These are *expected*, never *measured*. Under llama.cpp's rule
+("exact") the target samples with the plain twin's own random draws, one per token, so its output is the twin's
+and the draft's top token is kept where it is the output's: its steps replay exactly, as greedy's do.
 
 Positions run 0..n-1 over the output's tokens and, when the output ended at an end-of-generation token, n for
 that token: a step that reaches it ends the generation (the loop does not count it as emitted or accepted)."""
@@ -84,9 +86,10 @@ def ngram_steps(context: Sequence[int], out: Sequence[int], eos_token: int | Non
     return steps
 
 
-def step_ms(step: Step, costs, gamma: int, backlog: int = 0) -> float:
+def step_ms(step: Step, costs, backlog: int = 0) -> float:
     """What a step costs: the draft's proposals (after catching up over `backlog` plain steps; one more token when
-    all were accepted), the verification block, and the overhead of verifying its rows."""
+    all were accepted), the verification block, and the overhead of verifying its rows. Linear in the costs, which
+    may be arrays (draws of them)."""
     if not step.proposed:
         return costs.verify(1) + costs.overhead_ms
     draft = costs.catch_up(backlog + 1) - costs.draft_ms + step.proposed * costs.draft_ms
@@ -97,31 +100,34 @@ def step_ms(step: Step, costs, gamma: int, backlog: int = 0) -> float:
 
 def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int, eos: bool, costs=None,
              blocks: Sequence[Sequence[float]] | None = None) -> dict:
-    """Expected steps, verification steps (those that proposed), proposed, accepted and (with costs) milliseconds
-    of speculative decoding at a fixed gamma:
-    a dynamic program over positions, from the end back. A draft model's token at position j is accepted with
-    probability alpha[j], independently. A lookup proposer (n-gram) instead proposes, from a step that starts at
-    j, the tokens it found there, accepted with probabilities blocks[j] (as many as it proposes; none: a plain
-    step)."""
+    """Expected steps, verification steps (those that proposed), proposed, accepted, each kind of step's expected
+    count ("kinds": {Step: count}, what prices the steps under any costs) and (with costs) milliseconds of
+    speculative decoding at a fixed gamma: a dynamic program over positions, forward from the start, over the
+    probability that a step starts at each. A draft model's token at position j is accepted with probability
+    alpha[j], independently. A lookup proposer (n-gram) instead proposes, from a step that starts at j, the tokens
+    it found there, accepted with probabilities blocks[j] (as many as it proposes; none: a plain step)."""
     end = min(n + eos, max_tokens)
-    zero = {"steps": 0.0, "vsteps": 0.0, "proposed": 0.0, "accepted": 0.0, "ms": 0.0}
-    f = [dict(zero) for _ in range(end + 1)]
-    for j in range(end - 1, -1, -1):
+    start = [1.0] + [0.0] * end  # P(a step starts at position j)
+    out = {"steps": 0.0, "vsteps": 0.0, "proposed": 0.0, "accepted": 0.0}
+    kinds: dict[Step, float] = {}
+    for j in range(end):
+        if not start[j]:
+            continue
         probs = blocks[j] if blocks is not None else alpha[j:]
         g = min(gamma, max_tokens - j - 1, len(probs) if blocks is not None else gamma)
-        acc = {"steps": 1.0, "vsteps": float(g > 0), "proposed": float(g), "accepted": 0.0, "ms": 0.0}
+        out["steps"] += start[j]
+        out["vsteps"] += start[j] * (g > 0)
+        out["proposed"] += start[j] * g
         reach = 1.0  # P(the first k drafts accepted)
         for k in range(g + 1):
             a_k = probs[k] if k < min(g, len(probs)) else 0.0
-            p = reach * (1 - a_k) if k < g else reach  # P(exactly k accepted)
+            p = start[j] * (reach * (1 - a_k) if k < g else reach)  # P(a step at j accepting exactly k)
             if p > 0:
                 step, ended = replay_step(j, g, k, n, eos)
-                nxt = zero if ended else f[min(j + step.emitted, end)]
-                acc["accepted"] += p * (step.accepted + nxt["accepted"])
-                for key in ("steps", "vsteps", "proposed"):
-                    acc[key] += p * nxt[key]
-                if costs is not None:
-                    acc["ms"] += p * (step_ms(step, costs, gamma) + nxt["ms"])
+                kinds[step] = kinds.get(step, 0.0) + p
+                out["accepted"] += p * step.accepted
+                if not ended and j + step.emitted < end:
+                    start[j + step.emitted] += p
             reach *= a_k
-        f[j] = acc
-    return f[0]
+    ms = sum(w * step_ms(s, costs) for s, w in kinds.items()) if costs is not None else 0.0
+    return out | {"kinds": kinds, "ms": ms}

@@ -4,8 +4,10 @@ analysis.replay needs is written to run_dir/replay/<baseline unit>.jsonl, with t
 
 Records: "replay_prompt" (the prompt's and the output's tokens, how it ended); "replay", per proposer: under
 greedy, whether the draft's proposal matches the output at each position (the draft decoding one token at a
-time, as in the loop), under sampling, alpha = sum min(p, q) at each position (from batched passes); "costs"
-(the target's blocks and each draft's decodes, k = 1..gamma_max + 1, at two contexts)."""
+time, as in the loop), under sampling, alpha = sum min(p, q) at each position (from batched passes) and, when
+llama.cpp's rule is swept, the same matches ("match_exact") with p of the draft's top token ("alpha_exact");
+"costs" (the target's blocks and each draft's decodes, k = 1..gamma_max + 1, at two contexts: medians and the
+spread of their repetitions)."""
 from __future__ import annotations
 
 import time
@@ -21,8 +23,6 @@ KIND = "replay"
 
 def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
                 run_dir: Path) -> dict:
-    import numpy as np
-
     from harness.calibrate import in_situ, spanned_contexts
     from harness.engine import Engine, teacher_forced
     from harness.pair import parse_ngram
@@ -81,25 +81,32 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                                        if j + i < len(p_rows)])
                     tw.write({"type": KIND, **common, "proposer": name, "alpha_blocks": blocks})
                     continue
+                # the draft's top token along the output: greedy's proposals, and llama.cpp's rule's, whose target
+                # samples with the plain twin's own random draws, one per token, so that its output is the twin's
+                guess = stepwise_argmax(engines[name], toks, forced) if policy.greedy or "exact" in params.verify \
+                    else None
+                match = None if guess is None else [int(a == t) for a, t in zip(guess, forced)]
                 if policy.greedy:
-                    guess = stepwise_argmax(engines[name], toks, forced)
-                    tw.write({"type": KIND, **common, "proposer": name,
-                              "match": [int(a == t) for a, t in zip(guess, forced)]})
+                    tw.write({"type": KIND, **common, "proposer": name, "match": match})
                 else:
                     rows = teacher_forced(engines[name], toks, forced)
                     alpha = [round(overlap(p, process(r, policy)), 6) for p, r in zip(p_rows, rows)]
                     rec = {"type": KIND, **common, "proposer": name, "alpha": alpha}
-                    if "exact" in params.verify:  # llama.cpp's rule: the draft's top token, accepted w.p. its p
-                        rec["alpha_exact"] = [round(p.prob(int(np.argmax(r))), 6) for p, r in zip(p_rows, rows)]
+                    if match is not None:
+                        rec |= {"match_exact": match,
+                                "alpha_exact": [round(p.prob(a), 6) for p, a in zip(p_rows, guess)]}
                     tw.write(rec)
         if texts:  # costs over the prompts' own text at a short and a long context (interpolated per category)
             text = [t for x in texts for t in x]
             ctxs = spanned_contexts([len(x) for x in texts], ends, gamma_max + 1)
             t = in_situ(target, None, text, gamma_max + 1, ctxs)
             for name in proposers:
-                d = in_situ(None, engines[name], text, gamma_max + 1, ctxs)["draft_ms_by_context"] if name in engines \
-                    else [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(t["contexts"])  # a lookup's own time
-                tw.write(t | {"proposer": name, "draft_ms_by_context": d, "overhead_ms": overhead})
+                if name in engines:
+                    d = in_situ(None, engines[name], text, gamma_max + 1, ctxs)
+                    d = {k: d[k] for k in ("draft_ms_by_context", "draft_sd_by_context")}
+                else:  # a lookup's own time, without a spread
+                    d = {"draft_ms_by_context": [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(t["contexts"])}
+                tw.write(t | {"proposer": name, "overhead_ms": overhead} | d)
         return {"status": "ok", "prompts": len(texts), "wall_s": time.perf_counter() - t0}
     finally:
         tw.close()

@@ -52,7 +52,7 @@ def held_out_predictions(run_dir: Path, firsts: dict[str, list[str]]) -> tuple[p
     """The replay's predictions (analysis.predict) from each category's prompts beyond its timed ones `firsts`,
     or from all of them where it has no other (those categories: the second value). None without a replay."""
     from harness.analysis import metrics
-    from harness.analysis.predict import predictions
+    from harness.analysis.predict import plain_decode_ms, predictions
     from harness.rundir import REPLAY_DIR, finished, load_records, ok_units, read_plan
     d = run_dir / REPLAY_DIR
     units = ok_units(d) if d.is_dir() else set()
@@ -66,9 +66,6 @@ def held_out_predictions(run_dir: Path, firsts: dict[str, list[str]]) -> tuple[p
     plain_units = {u for u, r in finished(run_dir).items() if r.get("status") == "ok" and r["config"] in bases}
     gens = metrics.frame([r for r in load_records(run_dir, plain_units) if r.get("prompt_id") not in skip],
                          "generation")
-    plain = {} if not len(gens) else {
-        (r["config"], r["category"]): 1 / r["tokens_per_ms"]
-        for r in metrics.throughput(gens, ["config", "category"]).iter_rows(named=True) if r["tokens_per_ms"]}
-    rows = predictions(records, plain, read_plan(run_dir).get("params", {}).get("replay_gamma", 8))
+    rows = predictions(records, plain_decode_ms(gens), read_plan(run_dir).get("params", {}).get("replay_gamma", 8))
     in_sample = {r["category"] for r in records if r["type"] == "replay_prompt"} - others
     return (pl.DataFrame(rows, infer_schema_length=None), in_sample) if rows else (None, set())

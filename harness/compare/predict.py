@@ -95,10 +95,19 @@ def swapped_costs(records: list[dict], cals: dict[str, dict], targets: dict[str,
         if len(t["k"]) < k or (d and len(d["k"]) < k):
             raise HarnessError(f"--costs: the calibrations reach k = {len(t['k'])}; the replay needs {k}: calibrate "
                                f"with --k-max {k}")
-        out.append(r | {"contexts": t["contexts"], "target_ms_by_context": [row[:k] for row in t["ms_by_context"]],
-                        "draft_ms_by_context": [row[:k] for row in d["ms_last_by_context"]] if d
-                        else r["draft_ms_by_context"]})
+        # the calibration's own repetition spread, where it recorded one (none from the run's machine)
+        spread = {"reps": t.get("reps"), "target_sd_by_context": _cut(t.get("ms_sd_by_context"), k),
+                  "draft_sd_by_context": _cut(d.get("ms_last_sd_by_context"), k) if d else None}
+        out.append({x: v for x, v in r.items() if x not in spread}
+                   | {x: v for x, v in spread.items() if v is not None}
+                   | {"contexts": t["contexts"], "target_ms_by_context": [row[:k] for row in t["ms_by_context"]],
+                      "draft_ms_by_context": [row[:k] for row in d["ms_last_by_context"]] if d
+                      else r["draft_ms_by_context"]})
     return out
+
+
+def _cut(rows: list[list[float]] | None, k: int) -> list[list[float]] | None:
+    return None if rows is None else [row[:k] for row in rows]
 
 
 def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \

@@ -29,7 +29,7 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN) -> pl.DataFr
                                              "speedup": x["speedup"], "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted,
                                              "k": v.k, "prompts": x["prompts"], "further": v.further, "kind": x["kind"],
                                              "min_gain": v.min_gain, "at_most": v.at_most, "why": v.why,
-                                             "draft": x["draft"], "verify": x["verify"], "base": x["base"],
+                                             "draft": x["draft"], "verify": x["verify"], "base": x.get("base"),
                                              "timed": x["timed_speedup"], "timed_lo": x["timed_speedup_lo"],
                                              "timed_hi": x["timed_speedup_hi"]})
     return pl.DataFrame(rows, infer_schema_length=None)

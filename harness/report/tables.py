@@ -207,14 +207,14 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
                   cfg: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """"replay": predicted figures of every proposer and gamma, beside the timed rows of the same configuration
     where the sweep ran them; "replay_costs": the decode costs the predictions used. Empty without a replay."""
-    from harness.analysis.predict import predictions
+    from harness.analysis.predict import plain_decode_ms, predictions
     d = run_dir / REPLAY_DIR
     units = ok_units(d) if d.is_dir() else set()
     if not units:
         return {}
     records = load_records(d, units)
-    plain = {(r["config"], r["category"]): 1 / r["tokens_per_ms"]
-             for r in sweep.filter(pl.col("draft") == "none").iter_rows(named=True) if r["tokens_per_ms"]}
+    bases = cfg.filter(pl.col("draft") == "none")["config"].to_list()
+    plain = plain_decode_ms(gens.filter(pl.col("config").is_in(bases)))  # ms per decode of the plain baselines
     rows = predictions(records, plain, plan.get("params", {}).get("replay_gamma", 8))
     if not rows:
         return {}

@@ -1,0 +1,115 @@
+"""The replay's predictions against what they stand for, pure: the plain twin costs the plain time measured (its
+end-of-generation decode counted once), llama.cpp's rule under sampling replays exactly (checked against the loop
+on scripted models), and the decode costs' own spread widens the predicted intervals by what it implies."""
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from harness.analysis.intervals import interval
+from harness.analysis.predict import costs_at, generation, plain_decode_ms, predictions
+from harness.analysis.replay import Step, greedy_steps
+from harness.loop import Request, generate
+from harness.proposers import DraftModelProposer, Drafting
+from harness.sampling import Policy
+from harness.trace import TraceWriter
+from tests.fakes import EOS, LogitsEngine
+
+N, P, T1, T2, D1, D2, OH = 10, 20.0, 19.0, 30.0, 4.0, 6.0, 0.5  # P: plain ms per decode
+STEP = D1 + T2 + 2 * OH  # a step proposing one draft, rejected: its draft, a block of 2, their rows' overhead
+
+
+def records(policy="greedy", spread=None, **rep) -> list[dict]:
+    """One prompt whose output ended at the end-of-generation token after N tokens, one draft "d", its costs."""
+    common = {"config": "b", "policy": policy, "category": "code", "prompt_id": "p1", "repeat": 0}
+    costs = {"type": "costs", "config": "b", "policy": policy, "proposer": "d", "contexts": [100], "k": 4,
+             "target_ms_by_context": [[T1, T2, 38.0, 45.0]], "draft_ms_by_context": [[D1, D2, 8.0, 10.0]],
+             "overhead_ms": OH}
+    if spread is not None:  # the block of 2 only
+        costs |= {"reps": 3, "target_sd_by_context": [[0.0, spread, 0.0, 0.0]], "draft_sd_by_context": [[0.0] * 4]}
+    return [{"type": "replay_prompt", **common, "prompt_tokens": list(range(1, 91)), "tokens": [5] * N,
+             "stop_token": EOS, "max_tokens": 64},
+            {"type": "replay", **common, "proposer": "d", **(rep or {"match": [0] * (N + 1)})}, costs]
+
+
+def row(rows: list[dict], gamma=1, verify="leviathan") -> dict:
+    return next(r for r in rows if r["gamma"] == gamma and not r["adaptive"] and r["verify"] == verify)
+
+
+def test_the_plain_twin_takes_the_measured_plain_time():
+    """Plain decoding measured N tokens and an end in N + 1 decodes: one decode costs that time over N + 1, and the
+    predicted twin takes that time. Per token instead, the twin cost (N + 1) / N more and the speedup with it."""
+    gens = pl.DataFrame([{"config": "b", "category": "code", "gen_ms": (N + 1) * P, "steps": N + 1, "n_tokens": N}])
+    plain = plain_decode_ms(gens)
+    assert plain == {("b", "code"): pytest.approx(P)}
+    recs = records()
+    g, _ = generation(recs[0], recs[1], 1, costs_at(recs[2], 100, plain[("b", "code")]), exact=True)
+    assert g.plain[:, 3].sum() == pytest.approx((N + 1) * P)
+    # zero acceptance: N + 1 steps of one rejected draft each (the last one meets the end), N tokens either way
+    assert row(predictions(recs, plain, 1))["speedup"] == pytest.approx(P / STEP)
+
+
+def test_the_costs_spread_widens_the_interval_by_what_it_implies():
+    """The block of 2 measured with a spread: each step's time moves with it, so the log speedup's spread from the
+    costs is the median's standard error over a step's time, added to the bootstrap's in quadrature."""
+    plain = {("b", "code"): P}
+    without, zero, s = (row(predictions(records(spread=x), plain, 1)) for x in (None, 0.0, 1.5))
+    assert without == zero  # no spread measured, or none there: the bootstrap's interval alone
+    se_cost = math.sqrt(math.pi / 2 / 3) * 1.5 / STEP
+    assert s["speedup"] == without["speedup"]
+    assert s["speedup_se"] ** 2 - without["speedup_se"] ** 2 == pytest.approx(se_cost ** 2, rel=0.01)
+    assert (s["speedup_lo"], s["speedup_hi"]) == pytest.approx(interval(s["speedup"], s["speedup_se"], 1, log=True))
+    assert s["speedup_lo"] < without["speedup_lo"] and s["speedup_hi"] > without["speedup_hi"]
+
+
+def test_llamacpps_rule_under_sampling_is_predicted_from_its_matches():
+    """Under sampling with llama.cpp's rule kept as matches, the steps are greedy's from the same matches (kind
+    exact); a run that kept only p of the draft's top token is still predicted from it (kind expected)."""
+    match = [1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1]
+    plain = {("b", "code"): P}
+    kw = {"alpha": [0.5] * (N + 1), "alpha_exact": [0.6] * (N + 1)}
+    sampled = predictions(records("T=0.8", **kw, match_exact=match), plain, 2)
+    greedy = predictions(records(match=match), plain, 2)
+    for gamma in (1, 2):
+        x, g = row(sampled, gamma, "exact"), row(greedy, gamma)
+        assert x["kind"] == "exact" and row(sampled, gamma)["kind"] == "expected"
+        assert (x["speedup"], x["acceptance_rate"]) == (g["speedup"], g["acceptance_rate"])
+    old = predictions(records("T=0.8", **kw), plain, 2)
+    assert {r["kind"] for r in old} == {"expected"} and {r["verify"] for r in old} == {"leviathan", "exact"}
+
+
+PROMPT = [1, 2, 3]
+
+
+def _rows(seed: int, n: int, eos_from: int) -> list[dict[int, float]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        w = {t: float(x) for t, x in zip(range(1, 6), rng.uniform(0.1, 1.0, 5))}
+        if i >= eos_from:
+            w[EOS] = 0.15
+        out.append(w)
+    return out
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_llamacpps_rule_samples_what_the_plain_twin_sampled(gamma, seed):
+    """The premise of replaying llama.cpp's rule exactly, on the loop itself: the target samples with the plain
+    twin's draws, so the outputs are equal, and the steps are greedy's from where the draft's top token is the
+    output's (here a draft whose top token does not depend on the context)."""
+    target, draft = _rows(seed, 40, 12), _rows(seed + 100, 40, 40)
+    policy, req = Policy(temperature=0.8, seed=seed), Request("p", PROMPT, 24)
+    plain = generate(LogitsEngine(len(PROMPT), target), req, policy)
+    tw = TraceWriter(None, keep=True)
+    spec = generate(LogitsEngine(len(PROMPT), target), req, policy,
+                    DraftModelProposer(LogitsEngine(len(PROMPT), draft), drafting=Drafting("exact")), gamma, tw,
+                    rule="exact")
+    assert spec["tokens"] == plain["tokens"] and spec["stop"] == plain["stop"]
+    out, eos = plain["tokens"], plain["stop"] == "eos"
+    forced = [*out, plain["stop_token"]] if eos else out
+    match = [max(draft[j], key=draft[j].get) == t for j, t in enumerate(forced)]
+    steps = [Step(r["proposed"], r["accepted"], r["emitted"], r["rejected_at"] is not None)
+             for r in tw.records if r["type"] == "step"]
+    assert greedy_steps(match, len(out), 24, gamma, eos) == steps
