@@ -36,25 +36,22 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN) -> pl.DataFr
 
 
 def confirmation(r: dict) -> str:
-    """Whether the timed run of the named configuration agrees: its interval on the same side of the verdict's
-    bar (1 for plain decoding, 1 + the least gain for the others), or overlapping the prediction's when the
-    verdict is open."""
+    """Whether the timed run of the named configuration agrees: confirmed when its interval lies on the verdict's
+    side of the verdict's bar (1 for plain decoding, 1 + the least gain for the others), CONTRADICTED when it lies
+    wholly on the other side, consistent otherwise (too few timed prompts to tell; for an open verdict, when the
+    two intervals meet)."""
     if r["timed"] is None:
         return "not timed"
     if r["timed_lo"] is None:
         return f"timed {r['timed']:.2f}x (one prompt)"
-    bar = 1 + (r.get("min_gain") or 0)
-    if r["verdict"] == PLAIN:
-        agrees = r["timed_hi"] < 1
-    elif r["verdict"] == NO_GAIN:
-        agrees = r["timed_hi"] < bar
-    elif r["verdict"] == SPECULATE:
-        agrees = r["timed_lo"] > bar
-    else:  # nothing settled to confirm: do the two intervals meet
+    timed = ci(r["timed"], r["timed_lo"], r["timed_hi"], unit="x")
+    if r["verdict"] not in (PLAIN, NO_GAIN, SPECULATE):  # nothing settled to confirm: do the two intervals meet
         agrees = r["timed_lo"] <= r["hi"] and r["lo"] <= r["timed_hi"]
-        return ("consistent: " if agrees else "NOT consistent: ") + ci(r["timed"], r["timed_lo"], r["timed_hi"],
-                                                                      unit="x")
-    return ("confirmed: " if agrees else "NOT confirmed: ") + ci(r["timed"], r["timed_lo"], r["timed_hi"], unit="x")
+        return ("consistent: " if agrees else "NOT consistent: ") + timed
+    bar = 1 if r["verdict"] == PLAIN else 1 + (r.get("min_gain") or 0)
+    below, above = r["timed_hi"] < bar, r["timed_lo"] > bar
+    right, wrong = (above, below) if r["verdict"] == SPECULATE else (below, above)
+    return ("confirmed: " if right else "CONTRADICTED: " if wrong else "consistent: ") + timed
 
 
 def settle(r: dict) -> str:
@@ -93,7 +90,8 @@ def verdict_section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
             f"{r.select('proposer').n_unique()} proposers x {gm} gammas of a group (widened for speculate, *). "
             "Settled by: the bound that settled the claim, or the further prompts that would settle the likeliest "
             "verdict with 80% probability. Timed run: the named configuration, timed; confirmed when its interval "
-            "lies on the verdict's side of its bar, consistent (for an open verdict) when the two intervals meet.",
+            "lies on the verdict's side of its bar, CONTRADICTED when it lies wholly on the other side, consistent "
+            "otherwise (for an open verdict, when the two intervals meet).",
             "", table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
                               "settled by", "timed run"]), ""]
 
