@@ -1,0 +1,120 @@
+"""crosscheck.json (every finished configuration's rows, written as each one finishes, so that an interruption
+loses nothing finished and a rerun skips it) and crosscheck.md (the side-by-side table), in the run directory.
+section() gives the Markdown lines, for the report too."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from harness.crosscheck.stats import CONTRADICTED, HOLDS, NOT_CHECKED, UNSETTLED
+from harness.report.fmt import ci, pct_ci, table
+
+JSON, MD = "crosscheck.json", "crosscheck.md"
+LOGS = "crosscheck-logs"
+VERSION = 1
+VARY = ("target", "ngl", "threads", "setup")
+RULE = ("A verdict holds in llama.cpp when llama-server's own 95% interval, over the same prompts, supports it by "
+        "the run's rule: speculate when its lower bound is above 1 + the least gain worth having; no gain worth "
+        "having when its upper bound is below 1 + that gain; plain decoding when its upper bound is below 1. "
+        "Contradicted: the interval supports the opposite; unsettled: neither (more prompts would tell). An "
+        "inconclusive verdict claims nothing (-): llama.cpp's own reading stands beside it.")
+
+
+def load(run_dir: Path) -> list[dict]:
+    """The rows crosscheck.json holds ([] when there is none, or it cannot be read: it is measured again)."""
+    try:
+        d = json.loads((run_dir / JSON).read_text())
+    except (OSError, ValueError):
+        return []
+    rows = d.get("rows") if isinstance(d, dict) and d.get("version") == VERSION else None
+    return [r for r in rows if isinstance(r, dict) and r.get("key")] if isinstance(rows, list) else []
+
+
+def save(run_dir: Path, rows: list[dict]) -> None:
+    """Written whole to a temporary file, then renamed over the old one: a kill never leaves half a file."""
+    from harness.errors import naming
+    path = run_dir / JSON
+    tmp = path.with_suffix(".json.tmp")
+    with naming(path, run=run_dir):
+        tmp.write_text(json.dumps({"version": VERSION, "rule": RULE, "rows": rows}, indent=1))
+        os.replace(tmp, path)
+
+
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    """This invocation's rows in its order, then rows of earlier ones it did not touch (kept, never lost)."""
+    keys = {r["key"] for r in new}
+    return new + [r for r in old if r["key"] not in keys]
+
+
+def tool(row: dict) -> str:
+    v = (row.get("tool") or "").removeprefix("version: ")
+    return f"llama-server {v}".strip() if v else ""
+
+
+def share(rows: list[dict]) -> str:
+    """'2 of 3 verdicts checked hold in llama.cpp (1 unsettled)'."""
+    checked = [r for r in rows if (r.get("llama") or {}).get("holds") not in (None, NOT_CHECKED)]
+    if not checked:
+        return "No verdict to check here: every row is inconclusive or not measured."
+    n = {k: sum(r["llama"]["holds"] == k for r in checked) for k in (HOLDS, CONTRADICTED, UNSETTLED)}
+    rest = ", ".join(f"{v} {k}" for k, v in n.items() if k != HOLDS and v)
+    return (f"{n[HOLDS]} of {len(checked)} verdict{'s' * (len(checked) > 1)} checked "
+            f"hold{'s' * (len(checked) == 1)} in llama.cpp ({n[HOLDS] / len(checked):.0%})"
+            + (f"; {rest}" if rest else "") + ".")
+
+
+def _row(r: dict, vary: list[str]) -> list:
+    h, x = r.get("harness") or {}, r.get("llama") or {}
+    where = [", ".join(f"{k} {r.get(k)}" for k in vary)] if vary else []
+    if r.get("skip"):
+        return [*where, r["category"], r["policy"], r["verdict"], r.get("configuration") or "",
+                ci(h.get("speedup"), h.get("lo"), h.get("hi"), unit="x"),
+                pct_ci(h.get("acceptance"), h.get("acceptance_lo"), h.get("acceptance_hi")),
+                f"not checked: {r['skip']}", "", "", "", "", ""]
+    eq = x.get("same_output")
+    return [*where, r["category"], r["policy"], r["verdict"], r.get("configuration") or "",
+            ci(h.get("speedup"), h.get("lo"), h.get("hi"), unit="x"),
+            pct_ci(h.get("acceptance"), h.get("acceptance_lo"), h.get("acceptance_hi")),
+            ci(x.get("speedup"), x.get("lo"), x.get("hi"), unit="x"),
+            pct_ci(x.get("acceptance"), x.get("acceptance_lo"), x.get("acceptance_hi")) or "none drafted",
+            x.get("reading", ""), x.get("holds", ""), f"{x.get('prompts', 0)}" + (f" ({eq[0]}/{eq[1]} same)" if eq
+                                                                                    and eq[1] else ""), tool(r)]
+
+
+HEADERS = ["category", "policy", "verdict", "configuration", "harness speedup [95% CI]", "harness acceptance",
+           "llama.cpp speedup [95% CI]", "llama.cpp acceptance", "llama.cpp says", "holds",
+           "prompts (same output)", "tool"]
+
+
+def section(rows: list[dict], run: str = "", heading: str = "## Verdicts in llama.cpp") -> list[str]:
+    """The Markdown lines: what was run, the rule, the table, the share of verdicts that hold."""
+    if not rows:
+        return []
+    return [heading, "",
+             f"Each configuration the answers name{f' in run `{run}`' if run else ''}, run in llama.cpp's own "
+             "llama-server with the command the report gives, and plain (the same command without the --spec-* "
+             "flags) after it or before it, one request per prompt on the run's prompts of that category, as the "
+             "harness's token ids. "
+             "Speed is the server's own (predicted_n - 1) / predicted_ms; the speedup is the geometric mean of the "
+             "per-prompt ratios, acceptance is draft_n_accepted / draft_n. \"same output\": prompts whose "
+             "speculative and plain outputs were the same tokens.", "", RULE, "", *summary(rows), ""]
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """The table and the share of verdicts that hold (what crosscheck prints)."""
+    vary = [k for k in VARY if len({str(r.get(k)) for r in rows}) > 1]
+    return [table([_row(r, vary) for r in rows], (["where"] if vary else []) + HEADERS), "", share(rows)]
+
+
+def report_lines(run_dir: Path) -> list[str]:
+    """The section for `harness report`, from crosscheck.json ([] where crosscheck has not run)."""
+    return section(load(run_dir), run_dir.name)
+
+
+def write_md(run_dir: Path, rows: list[dict]) -> Path:
+    from harness.errors import naming
+    path = run_dir / MD
+    with naming(path, run=run_dir):
+        path.write_text("\n".join(section(rows, run_dir.name, heading="# Verdicts in llama.cpp")))
+    return path

@@ -1,0 +1,121 @@
+"""`harness crosscheck RUN_DIR` end to end: find llama-server, choose the configurations, run each one in two
+servers one after the other (speculative, and plain as its baseline) over the run's prompts, pair them per prompt,
+write each finished configuration at once, then the table."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from harness.crosscheck import binary as binary_mod
+from harness.crosscheck import output
+from harness.crosscheck.checks import Check, checks
+from harness.crosscheck.server import Server, free_port, require_free
+from harness.crosscheck.stats import figures, same_outputs
+from harness.errors import HarnessError
+
+
+def payload(tokens: list[int], max_tokens: int, policy: dict) -> dict:
+    """/completion's body: the harness's own token ids (no BOS added to a token list), its max tokens and sampling
+    policy, no prompt cache; generation stops at end of generation as the harness's does."""
+    from harness.sampling import Policy
+    pol = Policy(**policy)
+    return {"prompt": tokens, "n_predict": max_tokens, "cache_prompt": False, "stream": False,
+            "return_tokens": True, "temperature": pol.temperature, "top_k": pol.top_k, "top_p": pol.top_p,
+            "min_p": pol.min_p, "seed": pol.seed}
+
+
+def ask(srv: Server, pid: str, body: dict, timeout_s: float) -> dict:
+    """One request; the server's own timings (and output token ids) of the response."""
+    r = srv.complete(body, f"prompt {pid}", timeout_s)
+    t = r.get("timings")
+    if not isinstance(t, dict) or "predicted_n" not in t or "predicted_ms" not in t:
+        raise HarnessError(f"llama-server ({srv.role}) answered prompt {pid} without timings.predicted_n and "
+                           f"predicted_ms: is {srv.binary} llama.cpp's llama-server?")
+    return {"predicted_n": t["predicted_n"], "predicted_ms": t["predicted_ms"], "prompt_n": t.get("prompt_n"),
+            "prompt_ms": t.get("prompt_ms"), "draft_n": t.get("draft_n", 0),
+            "draft_n_accepted": t.get("draft_n_accepted", 0), "stop_type": r.get("stop_type"),
+            "tokens": r.get("tokens") if isinstance(r.get("tokens"), list) else None}
+
+
+def measure(binary: Path, c: Check, port: int, log_dir: Path, start_timeout: float, request_timeout: float,
+            plain_first: bool) -> list[dict]:
+    """Per prompt, the plain and the speculative server's timings: one server over every prompt, then the other
+    (plain_first says which goes first; the caller alternates it from one configuration to the next). Never both
+    up at once: on a CPU an idle llama-server's threads slow the busy one down several-fold. Each server is
+    stopped whatever happens."""
+    stem = f"{c.inst.id}-{c.answer['category']}"
+    spec = Server(binary, c.spec_args, port, log_dir / f"{stem}-speculative.log", "speculative")
+    plain = Server(binary, c.plain_args, port, log_dir / f"{stem}-plain.log", "plain")
+    out = [{"id": i, "n_prompt": len(t), "max_tokens": mt} for i, t, mt in c.prompts]
+    try:
+        for srv in ((plain, spec) if plain_first else (spec, plain)):
+            srv.start(start_timeout)
+            for rec, (i, t, mt) in zip(out, c.prompts):
+                rec[srv.role] = ask(srv, i, payload(t, mt, c.inst.policy), request_timeout)
+            srv.stop()
+    finally:
+        spec.stop()
+        plain.stop()
+    return out
+
+
+def base_row(c: Check) -> dict:
+    a = c.answer
+    keep = ("target", "ngl", "threads", "setup", "category", "policy", "verdict", "configuration", "source",
+            "min_gain")
+    return {k: a.get(k) for k in keep} | {"config": getattr(c.inst, "id", None), "harness": c.harness}
+
+
+def crosscheck_command(run_dir: Path, llama_server: str | None = None, port: int | None = None,
+                       only: str = "all", per_category: int = 0, start_timeout: float = 300.0,
+                       request_timeout: float = 600.0, redo: bool = False) -> str:
+    """Measure what is missing, write RUN_DIR/crosscheck.json and crosscheck.md, return the table to print."""
+    from harness.procs import stop_on_signals
+    if not run_dir.is_dir():
+        raise HarnessError(f"{run_dir}: no such run directory")
+    for name, v in (("--per-category", per_category), ("--start-timeout", start_timeout),
+                    ("--request-timeout", request_timeout)):
+        if v < 0 or (v == 0 and name != "--per-category"):
+            raise HarnessError(f"{name} must be {'>= 0' if name == '--per-category' else 'above 0'}, got {v:g}")
+    binary = binary_mod.find(llama_server)
+    version = binary_mod.version(binary)
+    if port is not None:
+        require_free(port)
+    found, _plan = checks(run_dir, only, per_category)
+    old = [] if redo else output.load(run_dir)
+    done = {r["key"]: r for r in old if not r.get("skip")}
+    rows: list[dict] = []
+    measured = 0
+    with stop_on_signals():
+        for c in found:
+            if c.skip:
+                rows.append(base_row(c) | {"key": f"skip-{c.answer['category']}-{c.answer['policy']}-"
+                                                  f"{getattr(c.inst, 'id', '')}", "skip": c.skip})
+                continue
+            if c.key in done:
+                rows.append(done[c.key])
+                click.echo(f"crosscheck: {c.answer['category']}, {c.answer['policy']}: "
+                           f"{c.answer['configuration']}: kept from {output.JSON}", err=True)
+                continue
+            click.echo(f"crosscheck: {c.answer['category']}, {c.answer['policy']}: {c.answer['configuration']} "
+                       f"({c.answer['verdict']}), {len(c.prompts)} prompt(s), plain and speculative", err=True)
+            try:
+                prompts = measure(binary, c, port or free_port(), run_dir / output.LOGS, start_timeout,
+                                  request_timeout, plain_first=measured % 2 == 0)
+            except HarnessError as e:
+                kept = len([r for r in rows if not r.get("skip")])
+                raise HarnessError(f"{e} ({kept} configuration(s) finished and kept in {run_dir / output.JSON}: "
+                                   "run crosscheck again to go on)", e.exit_code) from None
+            measured += 1
+            rows.append(base_row(c) | {
+                "key": c.key, "tool": version, "binary": str(binary), "speculative_command": c.spec_args,
+                "plain_command": c.plain_args, "prompts": prompts,
+                "llama": figures(prompts, c.answer["verdict"], c.answer["min_gain"])
+                | {"same_output": list(same_outputs(prompts))}})
+            output.save(run_dir, output.merge(old, rows))
+            output.write_md(run_dir, rows)
+    output.save(run_dir, output.merge(old, rows))
+    md = output.write_md(run_dir, rows)
+    return "\n".join([*output.summary(rows), f"{measured} configuration(s) measured now; written to {md} and "
+                      f"{run_dir / output.JSON}"])

@@ -1,0 +1,98 @@
+"""A stand-in for llama.cpp's llama-server in the crosscheck tests: `--version`, then GET /health and POST
+/completion on 127.0.0.1 with canned timings. It is started the way crosscheck starts the real one (through a
+wrapper script the test writes, given as --llama-server), and told what to do by the environment:
+
+- FAKE_SERVER_MODE: ok (default); exit (print an error, exit 3 at once); silent (never answers /health).
+- FAKE_SERVER_SPEEDUP: the speculative server's speedup before the per-prompt factor (default 1.5).
+- FAKE_SERVER_LOG: a file to which each request appends a JSON line (role, argv, the request's body).
+- FAKE_SERVER_COUNTER and FAKE_SERVER_LIMIT: requests counted across servers in that file; the one past the limit
+  kills the server before it answers (a server that dies mid-run).
+
+Timings: plain predicted_ms = (n - 1) * (2 + n_prompt % 7); the speculative server's rate is the plain one's times
+speedup * factor(n_prompt), factor = 1 + 0.02 * (n_prompt % 5 - 2), so each prompt's pair has a known ratio.
+Drafts: draft_n = 10 + n_prompt % 3, draft_n_accepted = 6 + n_prompt % 2."""
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+ARGV = sys.argv[1:]
+SPEC = "--spec-type" in ARGV
+STARTED = time.monotonic()
+
+
+def factor(n_prompt: int) -> float:
+    return 1 + 0.02 * (n_prompt % 5 - 2)
+
+
+def timings(n_prompt: int, n: int) -> dict:
+    plain_ms = (n - 1) * (2 + n_prompt % 7)
+    t = {"prompt_n": n_prompt, "prompt_ms": 1.0, "predicted_n": n}
+    if not SPEC:
+        return t | {"predicted_ms": float(plain_ms)}
+    speedup = float(os.environ.get("FAKE_SERVER_SPEEDUP", "1.5")) * factor(n_prompt)
+    return t | {"predicted_ms": plain_ms / speedup, "draft_n": 10 + n_prompt % 3, "draft_n_accepted": 6 + n_prompt % 2}
+
+
+def count() -> None:
+    path, limit = os.environ.get("FAKE_SERVER_COUNTER"), os.environ.get("FAKE_SERVER_LIMIT")
+    if not path:
+        return
+    n = int(open(path).read() or 0) + 1 if os.path.exists(path) else 1
+    with open(path, "w") as f:
+        f.write(str(n))
+    if limit and n > int(limit):
+        print("fake: GGML_ASSERT failed, aborting", file=sys.stderr, flush=True)
+        os._exit(134)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path != "/health":
+            return self._send(404, {"error": {"message": "not found"}})
+        if time.monotonic() - STARTED < 0.3:
+            return self._send(503, {"error": {"message": "Loading model"}})
+        self._send(200, {"status": "ok"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if os.environ.get("FAKE_SERVER_LOG"):
+            with open(os.environ["FAKE_SERVER_LOG"], "a") as f:
+                f.write(json.dumps({"role": "speculative" if SPEC else "plain", "argv": ARGV, "body": body}) + "\n")
+        count()
+        n_prompt, n = len(body["prompt"]), body["n_predict"]
+        self._send(200, {"content": "x", "tokens": list(range(n)), "stop_type": "limit",
+                         "timings": timings(n_prompt, n)})
+
+    def log_message(self, *args):
+        pass
+
+
+def main():
+    if "--version" in ARGV:
+        print("version: 4242 (fake0000)\nbuilt with a test", file=sys.stderr)
+        return
+    mode = os.environ.get("FAKE_SERVER_MODE", "ok")
+    if mode == "exit":
+        print("fake: failed to load model 'nowhere.gguf'", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if mode == "silent":
+        time.sleep(600)
+        return
+    port = int(ARGV[ARGV.index("--port") + 1])
+    assert ARGV[ARGV.index("--host") + 1] == "127.0.0.1"
+    print(f"fake: listening on 127.0.0.1:{port}", file=sys.stderr, flush=True)
+    HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""`harness crosscheck`: a run's verdicts checked in llama.cpp's own llama-server. The fast tier runs a fake server
+(tests/fake_llama_server.py: canned timings with a known ratio per prompt) on a copy of the session's timed run;
+the slow tier runs the real llama-server that `make native` builds, on SmolLM2."""
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SPECULATE
+from harness.crosscheck import stats
+from harness.crosscheck.checks import server_args
+from tests.helpers import copy_run, harness, one_line_error
+
+FAKE = Path(__file__).with_name("fake_llama_server.py")
+
+
+@pytest.fixture
+def fake(tmp_path) -> Path:
+    """The fake server as an executable, the way a llama-server binary is given."""
+    p = tmp_path / "bin" / "llama-server"
+    p.parent.mkdir()
+    p.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    p.chmod(0o755)
+    return p
+
+
+@pytest.fixture
+def run(timed_run, tmp_path) -> Path:
+    return copy_run(timed_run, tmp_path)
+
+
+def rows(run: Path) -> list[dict]:
+    return json.loads((run / "crosscheck.json").read_text())["rows"]
+
+
+def requests(log: Path) -> list[dict]:
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
+# -- pure parts ----------------------------------------------------------------------------------------------
+
+def test_plain_command_drops_every_spec_flag():
+    spec, plain = server_args("llama-server -m t.gguf -ngl 0 -c 2048 -np 1 --spec-type draft-simple "
+                              "--spec-draft-model d.gguf --spec-draft-n-max 3 --spec-draft-p-min 0 "
+                              "--spec-draft-ngl 0 --temp 0")
+    assert spec[0] == "-m" and "--spec-draft-model" in spec
+    assert plain == ["-m", "t.gguf", "-ngl", "0", "-c", "2048", "-np", "1", "--temp", "0"]
+
+
+@pytest.mark.parametrize("verdict,lo,hi,want", [
+    (SPECULATE, 1.10, 1.30, stats.HOLDS), (SPECULATE, 1.02, 1.30, stats.UNSETTLED),
+    (SPECULATE, 0.80, 1.04, stats.CONTRADICTED), (NO_GAIN, 0.95, 1.04, stats.HOLDS),
+    (NO_GAIN, 0.95, 1.20, stats.UNSETTLED), (NO_GAIN, 1.06, 1.20, stats.CONTRADICTED),
+    (PLAIN, 0.80, 0.99, stats.HOLDS), (PLAIN, 0.95, 1.02, stats.UNSETTLED), (PLAIN, 1.01, 1.10, stats.CONTRADICTED),
+    (INCONCLUSIVE, 1.10, 1.30, stats.NOT_CHECKED), (SPECULATE, None, None, stats.UNSETTLED)])
+def test_holds_by_the_runs_rule(verdict, lo, hi, want):
+    assert stats.holds(verdict, lo, hi, 0.05) == want
+
+
+def test_one_prompt_gives_no_interval():
+    p = [{"plain": {"predicted_n": 11, "predicted_ms": 20.0}, "speculative": {"predicted_n": 11, "predicted_ms": 10.0}}]
+    s = stats.speedup(p)
+    assert s["speedup"] == pytest.approx(2.0) and s["lo"] is None and s["prompts"] == 1
+    assert stats.reading(s["lo"], s["hi"], 0.05) == INCONCLUSIVE
+
+
+# -- the fake server -----------------------------------------------------------------------------------------
+
+def test_pairs_per_prompt_with_a_t_interval(run, fake, tmp_path):
+    """Every answer's configuration runs speculative and plain on the run's prompts as token ids, with its policy
+    and max tokens; each prompt's pair has the fake's known ratio; the interval is the t interval of the log
+    ratios; the table and the share are printed and written."""
+    from scipy.stats import t as student_t
+
+    from tests.fake_llama_server import factor
+    log = tmp_path / "requests.jsonl"
+    r = harness("crosscheck", run, "--llama-server", fake, env={"FAKE_SERVER_LOG": str(log)})
+    assert r.returncode == 0, r.stderr
+    got = rows(run)
+    plan = json.loads((run / "plan.json").read_text())
+    assert len(got) == 4  # two categories x two policies: one configuration each
+    for row in got:
+        ids = [p["id"] for p in row["prompts"]]
+        assert ids == [i for i in plan["prompt_ids"] if i.startswith(row["category"])]
+        assert not any(a.startswith("--spec-") for a in row["plain_command"])
+        assert "--spec-type" in row["speculative_command"]
+        ratios = [1.5 * factor(p["n_prompt"]) for p in row["prompts"]]
+        for p, want in zip(row["prompts"], ratios):
+            got_ratio = stats.rate(p["speculative"]) / stats.rate(p["plain"])
+            assert got_ratio == pytest.approx(want)
+        logs = [math.log(x) for x in ratios]
+        n, mean = len(logs), sum(logs) / len(logs)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+        h = student_t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+        x = row["llama"]
+        assert x["speedup"] == pytest.approx(math.exp(mean))
+        assert (x["lo"], x["hi"]) == (pytest.approx(math.exp(mean - h), rel=1e-6),
+                                     pytest.approx(math.exp(mean + h), rel=1e-6))
+        acc = sum(6 + p["n_prompt"] % 2 for p in row["prompts"]) / sum(10 + p["n_prompt"] % 3 for p in row["prompts"])
+        assert x["acceptance"] == pytest.approx(acc)
+        assert x["same_output"] == [2, 2]
+        assert row["tool"] == "version: 4242 (fake0000)"
+        assert row["harness"]["speedup"] is not None and row["harness"]["acceptance"] is not None
+    sent = requests(log)
+    p, q = ["plain"] * 2, ["speculative"] * 2  # one server after the other, which goes first alternating
+    assert [x["role"] for x in sent] == (p + q + q + p) * 2
+    for q in sent:
+        b = q["body"]
+        assert isinstance(b["prompt"], list) and all(isinstance(t, int) for t in b["prompt"])
+        assert b["n_predict"] == 12 and b["cache_prompt"] is False
+        assert b["temperature"] in (0.0, 0.8)
+        assert ("--spec-type" in q["argv"]) == (q["role"] == "speculative")
+    md = (run / "crosscheck.md").read_text()
+    assert "| llama.cpp speedup [95% CI]" in md and "llama-server 4242 (fake0000)" in md
+    assert "holds" in r.stdout and "llama.cpp speedup" in r.stdout
+
+
+def test_a_rerun_keeps_finished_rows(run, fake, tmp_path):
+    """A server that dies mid-run: one line, the configurations finished before it kept; a rerun measures only
+    what is missing."""
+    counter, log = tmp_path / "count", tmp_path / "requests.jsonl"
+    env = {"FAKE_SERVER_COUNTER": str(counter), "FAKE_SERVER_LIMIT": "9", "FAKE_SERVER_LOG": str(log)}
+    r = harness("crosscheck", run, "--llama-server", fake, env=env)
+    one_line_error(r, "died", "prompt", "GGML_ASSERT", "2 configuration(s) finished and kept")
+    first = rows(run)
+    assert len(first) == 2
+    log.unlink()
+    r = harness("crosscheck", run, "--llama-server", fake, env={"FAKE_SERVER_LOG": str(log)})
+    assert r.returncode == 0, r.stderr
+    assert "kept from crosscheck.json" in r.stderr
+    again = rows(run)
+    assert len(again) == 4 and [x for x in again if x["key"] in {f["key"] for f in first}] == first
+    assert len(requests(log)) == 2 * 2 * 2  # only the two missing configurations
+
+
+def test_only_speculate_with_no_speculate_answer(run, fake):
+    r = harness("crosscheck", run, "--llama-server", fake, "--only", "speculate")
+    one_line_error(r, "no answer says speculate")
+
+
+def test_a_server_that_exits_at_once(run, fake):
+    r = harness("crosscheck", run, "--llama-server", fake, env={"FAKE_SERVER_MODE": "exit"})
+    one_line_error(r, "exited with code 3", "failed to load model")
+
+
+def test_a_server_that_never_answers(run, fake):
+    r = harness("crosscheck", run, "--llama-server", fake, "--start-timeout", "1.5",
+                env={"FAKE_SERVER_MODE": "silent"})
+    one_line_error(r, "did not answer /health", "within 1.5 s")
+
+
+def test_not_a_llama_server(run):
+    one_line_error(harness("crosscheck", run, "--llama-server", "/bin/true"), "not llama.cpp's llama-server",
+                   "make native")
+
+
+def test_no_llama_server_anywhere(run, tmp_path):
+    r = harness("crosscheck", run, env={"HOME": str(tmp_path), "PATH": str(tmp_path / "nowhere"),
+                                        "HARNESS_NATIVE_BIN": ""})
+    one_line_error(r, "no llama-server found", "make native")
+
+
+def test_a_port_in_use(run, fake):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        one_line_error(harness("crosscheck", run, "--llama-server", fake, "--port", port), f"--port {port}",
+                       "in use")
+
+
+def test_a_missing_model(run, fake, tmp_path):
+    r = harness("crosscheck", run, "--llama-server", fake, env={"HARNESS_MODELS_DIR": str(tmp_path / "none")})
+    one_line_error(r, "smollm2-135m-instruct-q4_1", "not present")
+
+
+# -- the real llama-server -----------------------------------------------------------------------------------
+
+def native_server() -> Path | None:
+    from harness.crosscheck.binary import native_candidates
+    return next((p for p in native_candidates() if p.is_file()), None)
+
+
+@pytest.mark.slow
+def test_real_llama_server(run):
+    """The real llama-server (make native) on SmolLM2 against its Q2_K and ngram:2, 2 prompts per category, 12
+    tokens: the server's timings are read, the q2_k draft drafts, greedy outputs match plain decoding."""
+    server = native_server()
+    if server is None:
+        pytest.skip("no llama-server built by `make native` (make test-all builds it)")
+    r = harness("crosscheck", run, "--llama-server", server, "--per-category", "2")
+    assert r.returncode == 0, r.stderr
+    got = rows(run)
+    assert len(got) == 4 and all(not x.get("skip") for x in got)
+    for row in got:
+        assert row["tool"].startswith("version: ")
+        for p in row["prompts"]:
+            for role in ("plain", "speculative"):
+                assert p[role]["predicted_n"] >= 1 and p[role]["predicted_ms"] > 0
+        if "q2_k" in row["configuration"]:
+            assert sum(p["speculative"]["draft_n"] for p in row["prompts"]) > 0
+        if row["policy"] == "greedy":
+            assert row["llama"]["same_output"][0] >= 1
+    assert "Verdicts in llama.cpp" in (run / "crosscheck.md").read_text()
