@@ -200,8 +200,9 @@ def check(target, draft, prompts_path, as_json):
                                               "gamma 1 per category, on its first N prompts.")
 @click.option("--until-confident", is_flag=True, default=None,
               help="Add prompts to categories whose verdict is inconclusive, one per round, until all settle.")
-@click.option("--budget-min", type=float, help="With --until-confident: stop adding rounds after this many "
-                                               "minutes of worker time.")
+@click.option("--budget-min", type=float, help="The whole run's time budget in minutes: a run estimated over it is "
+                                               "cut to fit first (fewer tokens, gammas, timed prompts); "
+                                               "--until-confident adds no round beyond it.")
 @click.option("--min-gain", type=float, help="The least gain worth having, as a fraction (default 0.05): below it "
                                               "the answer is 'no gain worth having'; 'speculate' needs more.")
 @click.option("--busy-threshold", type=float,
@@ -209,14 +210,17 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--allow-busy", is_flag=True, help="Run on a busy machine anyway; its configurations are marked "
                                                  "unreliable.")
 @click.option("--rerun-busy", is_flag=True, help="With --resume: measure again what ran on a busy machine.")
-def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, **opts):
+@click.option("--dry-run", is_flag=True, help="Print the plan, the time estimate and what the budget cut, then stop "
+                                              "(times a plain decode of each model; runs nothing else).")
+def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_run, **opts):
     """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
     from pathlib import Path
 
-    from harness import prompts as prompts_mod
-    from harness.bench.run import command_line, run_bench
+    from harness.bench.run import command_line, first_round, run_bench
     from harness.plan import Params, load_profile, make_params
     command = command_line(click.get_current_context().obj["argv"])
+    if resume and dry_run:
+        raise HarnessError("--dry-run plans a new run from its options; --resume continues a run as planned")
     if resume:
         # --out is let through: a resumed run's report goes beside its directory, as the first one did
         given = [k for k, v in {"profile": profile, **opts}.items() if v is not None]
@@ -233,9 +237,7 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, **opts
     if rerun_busy:
         raise HarnessError("--rerun-busy measures again what a run measured on a busy machine: give --resume RUN_DIR")
     params = make_params(load_profile(profile) if profile else {}, opts)
-    prompts = prompts_mod.load(params.categories or None, [Path(p) for p in params.prompts] or None,
-                               params.per_category)
-    run_bench(params, prompts, Path(out), None, skip_unsupported, command, allow_busy)
+    run_bench(params, first_round(params), Path(out), None, skip_unsupported, command, allow_busy, dry_run=dry_run)
 
 
 @cli.command()
@@ -333,6 +335,30 @@ def predict(run_dir, cal_paths, against, out):
     """RUN_DIR's replayed acceptance with another machine's calibrated costs: that machine's predicted verdicts."""
     from harness.compare.predict import predict_command
     click.echo(str(predict_command(run_dir, list(cal_paths), against, out)))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--llama-server", "llama_server", help="llama.cpp's llama-server binary (default: the one `make "
+                                                     "native` built, then llama-server on PATH).")
+@click.option("--only", type=click.Choice(["all", "speculate"]), default="all", show_default=True,
+              help="speculate: only the answers that say speculate; all: also the best configuration of every other "
+                   "verdict.")
+@click.option("--per-category", type=int, default=0, show_default=True,
+              help="The first N of the run's prompts of each category (0 = every one the run used).")
+@click.option("--port", type=int, help="The port on 127.0.0.1 the servers listen on, one after the other "
+                                      "(default: a free one).")
+@click.option("--start-timeout", type=float, default=300.0, show_default=True,
+              help="Seconds a server may take to load its models and answer /health.")
+@click.option("--request-timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
+@click.option("--redo", is_flag=True, help="Measure again the configurations crosscheck.json already holds.")
+def crosscheck(run_dir, **opts):
+    """Run the configurations RUN_DIR's answers name in llama.cpp's own llama-server, speculative and plain, on the
+    run's prompts, and say whether each verdict holds there (RUN_DIR/crosscheck.md and crosscheck.json)."""
+    from pathlib import Path
+
+    from harness.crosscheck import crosscheck_command
+    click.echo(crosscheck_command(Path(run_dir), **opts))
 
 
 def main(argv: list[str] | None = None):

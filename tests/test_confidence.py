@@ -113,12 +113,14 @@ def test_until_confident_stops_when_the_budget_is_spent(tmp_path, smol):
     assert plan["rounds"] == [["few-1"]] and plan["until_confident"]["stopped"] == "budget"
     md = (out / f"{run.name}.md").read_text()
     assert "the budget (0.01 min) was spent" in md and "Left open: few" in md
+    # 12 tokens, gamma 2, one prompt: nothing to cut, said in the run's summary
+    assert plan["budget"]["budget_min"] == 0.01 and not plan["budget"]["cuts"] and not plan["budget"]["fits"]
+    assert "- budget 0.01 min: estimated " in md and "nothing can be cut: running anyway" in md
 
 
 @pytest.mark.parametrize("args, words", [
     (["--until-confident", "--budget-min", "0"], ["--budget-min", "above 0"]),
     (["--until-confident", "--budget-min", "-5"], ["--budget-min", "above 0"]),
-    (["--budget-min", "10"], ["--budget-min", "--until-confident"]),
     (["--busy-threshold", "0"], ["--busy-threshold", "(0, 1]"]),
     (["--busy-threshold", "1.5"], ["--busy-threshold", "(0, 1]"]),
 ])

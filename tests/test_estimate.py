@@ -40,12 +40,16 @@ def test_timed_subset_is_costed_as_gamma_one_and_one_more_gamma_on_each_category
     # By hand, n = 1: code-0 and creative-0, 2 x 32 = 64 tokens out, 2 x 400 / 4 = 200 prompt tokens. Uncalibrated
     # costs: a decode 30 ms, verifying 2 tokens 30 x (1 + 1/3) = 40 ms, a draft decode 10 ms. Gamma 1 at alpha
     # 0.6: a step 10 + 40 = 50 ms for 1.6 tokens, 31.25 ms a token, plus the paired plain run's 30 ms:
-    #   64 x (31.25 + 30)                  = 3920 ms
-    #   200 x 30 x 0.22 x 3 prompt passes  = 3960 ms (speculative target and draft, plain twin)
-    #   worker start-up                    = 2000 ms
-    # 9.88 s, twice (gamma 1 and the predicted best gamma, costed alike): 19.76 s
-    assert subset_s(insts, ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(19.76)
-    # n = 3: 192 tokens out, 600 prompt tokens: 2 x (192 x 61.25 + 600 x 19.8 + 2000) / 1000
-    assert subset_s(insts, ps, 3, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(51.28)
+    #   64 x (31.25 + 30)                        = 3920 ms
+    #   200 x 0.22 x (30 + 30 + 10) prompt passes = 3080 ms (the speculative target, its plain twin, the draft)
+    #   worker start-up                          = 2000 ms
+    # 9.0 s, twice (gamma 1 and the predicted best gamma, costed alike): 18.0 s
+    assert subset_s(insts, ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(18.0)
+    # n = 3: 192 tokens out, 600 prompt tokens: 2 x (192 x 61.25 + 600 x 15.4 + 2000) / 1000
+    assert subset_s(insts, ps, 3, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(46.0)
     # gammas 2 and 4 add nothing: the subset is costed from the gamma-1 configurations alone
-    assert subset_s(insts[:2], ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(19.76)
+    assert subset_s(insts[:2], ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(18.0)
+    # an n-gram lookup evaluates no prompt of its own, and its step is the verification alone (40 ms for 1.6
+    # tokens): 2 x (64 x (25 + 30) + 200 x 0.22 x (30 + 30) + 2000) / 1000
+    ngram = [insts[0], Instance(T, "ngram:3", 1, GREEDY, 0, 0, 2)]
+    assert subset_s(ngram, ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(16.32)

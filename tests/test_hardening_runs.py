@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.rundir import finished, trace_file
+from harness.trace import read_records
 from tests.conftest import PROMPT_FILE, T
 from tests.helpers import HARNESS, ROOT, copy_run, harness, one_line_error, only_run, report_md
 
@@ -150,6 +152,42 @@ def test_a_signal_stops_the_worker_and_keeps_what_finished(tmp_path, smol, sig):
     time.sleep(3)  # an orphaned worker would append its row now
     assert _rows(run) == rows and 1 <= len(rows) < 4
     assert (out / f"{run.name}.md").exists()
+
+
+def test_ctrl_c_mid_unit_keeps_the_prompts_it_finished_and_resume_runs_the_rest(tmp_path, smol):
+    """A real Ctrl-C while a paired unit is past its first prompt: the prompts finished in both of its traces are
+    kept (said as it stops), --resume runs the others, and each prompt's records are in the traces once."""
+    out = tmp_path / "runs"
+    args = ["bench", "--target", T, "--draft", "ngram:2", "--gamma", "2", "--prompts", str(PROMPT_FILE),
+            "--categories", "code", "--per-category", "3", "--max-tokens", "24", "--paired", "--out", str(out),
+            "--allow-busy"]
+    p = subprocess.Popen([*HARNESS, *args], cwd=ROOT, env=os.environ | {"CI": "true"}, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, twin = time.time() + 120, None
+    while time.time() < deadline and not (twin and b'"type": "generation"' in twin.read_bytes()):
+        twin = next(out.glob("runs/*/paired/traces/g2-*.jsonl"), None)  # its first prompt: speculative, then twin
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    run = only_run(out)
+    spec = run / "traces" / twin.name
+    if twin.stem in finished(run):
+        pytest.skip("the unit finished before the signal reached it")
+    n = int(re.search(r"gamma=2 .*: stopped after (\d) of 3 prompts", err).group(1))
+    assert n >= 1 and "the prompts the stopped one finished" in err, err
+    before = {f: read_records(f) for f in (spec, twin)}  # a line cut short at the end is not read
+    kept = {r["prompt_id"] for r in before[twin] if r["type"] == "generation"} & {
+        r["prompt_id"] for r in before[spec] if r["type"] == "generation"}
+    assert len(kept) == n
+    r = harness("bench", "--resume", run, "--allow-busy")
+    assert r.returncode == 0, r.stderr
+    assert harness("report", run, "--check").returncode == 0
+    for f, recs in before.items():
+        after = read_records(f)
+        assert [x["prompt_id"] for x in after if x["type"] == "generation"] == ["code-1", "code-2", "code-3"]
+        mine = [x for x in recs if x.get("prompt_id") is None or x["prompt_id"] in kept]  # with the unit's costs
+        assert after[:len(mine)] == mine  # kept as they were: not run again
 
 
 # -- 5. a model file that changed under its catalog name --------------------------------------------------------

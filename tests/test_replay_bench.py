@@ -120,30 +120,52 @@ def test_bad_replay_options_are_one_line(tmp_path, args, words):
     one_line_error(harness("bench", "--target", T, *args, "--out", str(tmp_path / "r")), *words)
 
 
-def _cut(f) -> None:
-    """A trace as a kill mid-unit leaves it: its first half."""
-    data = f.read_bytes()
-    f.write_bytes(data[:len(data) // 2])
+def _cut_after_first_prompt(f) -> str:
+    """A trace as a kill mid-unit leaves it: the records of its first prompt (and of the unit itself, before it),
+    then half a line of the next prompt's. The whole records are marked ("kept"), as a rerun would not write them.
+    Returns them."""
+    recs = [json.loads(x) for x in f.read_text().splitlines()]
+    first = next(r["prompt_id"] for r in recs if r.get("prompt_id"))
+    k = next(k for k, r in enumerate(recs) if r.get("prompt_id") not in (None, first))
+    kept = "".join(json.dumps(r | {"kept": True}, ensure_ascii=False) + "\n" for r in recs[:k])
+    f.write_text(kept + json.dumps(recs[k])[:40])
+    return kept
+
+
+def _per_prompt(f, kind: str) -> list[str]:
+    return [r["prompt_id"] for r in read_records(f) if r.get("type") == kind]
 
 
 def test_a_resume_after_a_kill_in_the_replay_and_in_the_timed_subset(replay, tmp_path):
-    """The replay of one baseline and one timed configuration killed midway (no result line, half a trace):
-    --resume runs exactly those two again, and the replayed acceptance, which depends on models, prompts and
-    policy only, comes out as in the uninterrupted run."""
+    """The replay of one baseline and one timed configuration killed midway (no result line, a trace cut after
+    its first prompt, half a line of the next): --resume keeps that prompt, runs the others, and the report's
+    acceptance and token counts come out as in the uninterrupted run."""
     from harness.rundir import trace_file
     from tests.helpers import copy_run
     original, md = replay
     run = copy_run(original, tmp_path)
-    for side, pick in (("replay", lambda r: r["draft"] == "none"), ("", lambda r: r["draft"] != "none")):
+    cut = {}
+    for side, pick, kind in (("replay", lambda r: r["draft"] == "none", "replay_prompt"),
+                             ("", lambda r: r["draft"] != "none", "generation")):
         d = run / side if side else run
         lines = (d / "results.jsonl").read_text().splitlines()
         k = next(i for i, x in enumerate(lines) if pick(json.loads(x)))
-        _cut(trace_file(d, json.loads(lines[k])["unit"]))
+        f = trace_file(d, json.loads(lines[k])["unit"])
+        cut[f] = (_per_prompt(f, kind), kind, _cut_after_first_prompt(f))
         (d / "results.jsonl").write_text("".join(x + "\n" for i, x in enumerate(lines) if i != k))
     r = harness("bench", "--resume", str(run))
     assert r.returncode == 0, r.stderr
     assert "1 unit(s) to run" in r.stderr and "[replay 1/1]" in r.stderr
     assert harness("report", str(run), "--check").returncode == 0
+    for f, (prompts, kind, kept) in cut.items():
+        assert f.read_text().startswith(kept), f  # the first prompt kept, not run again
+        assert _per_prompt(f, kind) == prompts, f  # every prompt's records once
+        assert [r for r in read_records(f) if r.get("kept")] == [json.loads(x) for x in kept.splitlines()]
+    twin = run / "paired" / "traces" / f.name
+    assert _per_prompt(twin, "generation") == prompts
+    new = report_md(run)
     acceptance = "### Acceptance (models, prompts and policy only)"
-    greedy = [x for x in md_table(md, acceptance) if x["policy"] == "greedy"]
-    assert greedy and [x for x in md_table(report_md(run), acceptance) if x["policy"] == "greedy"] == greedy
+    assert md_table(new, acceptance) == md_table(md, acceptance)
+    for cat in ("code", "chat"):  # proposed, accepted, acceptance, alpha, tokens per call: no time in them
+        per = [m.split("## Per category", 1)[1] for m in (md, new)]
+        assert md_table(per[1], f"### {cat}") == md_table(per[0], f"### {cat}"), cat

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.plan import Instance
+from harness.plan import Instance, Params
 
 ALPHA_GUESS = 0.6        # acceptance assumed for the estimate; the sweep measures the real one
 PROMPT_EVAL_SHARE = 0.22  # a prompt token against a decode (1.5B on 2 CPU cores: 5.8 ms against 26; less on a GPU)
@@ -29,7 +29,7 @@ def decode_ms(ref: str, threads: int, ngl: int) -> float:
     return statistics.median(times)
 
 
-def unit_costs(inst: Instance, run_dir: Path, context: float, measured: dict):
+def unit_costs(inst: Instance, run_dir: Path | None, context: float, measured: dict):
     """costmodel.Costs for an instance: calibrated when the run has calibrations, else from measured decodes
     (a verify of k tokens taken as 1 + (k - 1) / 3 decodes, the draft's catch-up at its decode cost)."""
     from harness.calibrate import costs_at
@@ -38,7 +38,8 @@ def unit_costs(inst: Instance, run_dir: Path, context: float, measured: dict):
     from harness.pair import parse_ngram
     threads = EngineConfig(threads=inst.threads).resolved_threads()
     draft = None if inst.baseline or parse_ngram(inst.draft) is not None else inst.draft
-    c = costs_at(run_dir / "calibration", inst.target, draft, threads, inst.ngl, inst.ngl_draft, context)
+    c = costs_at(run_dir / "calibration", inst.target, draft, threads, inst.ngl, inst.ngl_draft, context) \
+        if run_dir else None  # a run not started yet has no calibrations
     if c is not None:
         return c
     t1 = _measured(measured, inst.target, threads, inst.ngl)
@@ -60,8 +61,8 @@ def _sizes(prompts: list, max_tokens: int, repeat: int) -> tuple[int, int]:
     return n_tok, n_prompt
 
 
-def estimate_s(units: list[tuple[Instance, list]], max_tokens: int, repeat: int, paired: bool, run_dir: Path,
-               measured: dict | None = None) -> float:
+def estimate_s(units: list[tuple[Instance, list]], max_tokens: int, repeat: int, paired: bool,
+               run_dir: Path | None, measured: dict | None = None) -> float:
     """Seconds for the given (instance, prompts) units: generation at the cost model's speed at ALPHA_GUESS (plain
     for adaptive gamma), prompt evaluation, the paired plain runs, worker start-up."""
     from harness.costmodel import expected_tokens
@@ -77,13 +78,14 @@ def estimate_s(units: list[tuple[Instance, list]], max_tokens: int, repeat: int,
         per_tok = plain_tok if inst.baseline or inst.adaptive else c.step_ms(g, ALPHA_GUESS) / expected_tokens(
             ALPHA_GUESS, g)
         runs = 1 + (paired and not inst.baseline)
-        total += n_tok * (per_tok + (runs - 1) * plain_tok) + n_prompt * plain_tok * PROMPT_EVAL_SHARE * (runs + (
-            0 if inst.baseline else 1)) + LOAD_S * 1000
+        # the prompt through the target once per run, and through the draft model (a lookup has none) at its cost
+        total += n_tok * (per_tok + (runs - 1) * plain_tok) + n_prompt * PROMPT_EVAL_SHARE * (
+            runs * plain_tok + c.draft_ms) + LOAD_S * 1000
     return total / 1000
 
 
 def replay_s(bases: list[Instance], prompts: list, models: list[str], gamma_max: int, max_tokens: int,
-             run_dir: Path, measured: dict | None = None) -> float:
+             run_dir: Path | None, measured: dict | None = None) -> float:
     """Seconds for the replay of each baseline: per prompt, the target's teacher-forced pass (sampling only) and
     each draft model's (greedy: a token at a time, as the loop decodes; sampling: batched); beside them, each
     model's decode costs where its rows decode (calibrate.spanned_contexts; 3 repetitions of k = 1..gamma_max + 1)."""
@@ -108,11 +110,31 @@ def replay_s(bases: list[Instance], prompts: list, models: list[str], gamma_max:
     return total / 1000
 
 
-def subset_s(instances: list[Instance], prompts: list, n: int, max_tokens: int, paired: bool, run_dir: Path,
-             measured: dict | None = None) -> float:
+def subset_s(instances: list[Instance], prompts: list, n: int, max_tokens: int, paired: bool,
+             run_dir: Path | None, measured: dict | None = None) -> float:
     """At most how long the timed subset takes (bench.subset.choose picks it after the replay): per proposer
     and policy, gamma 1 and the predicted best gamma (costed as gamma 1), on each category's first n prompts."""
     from harness.bench.subset import first_prompts
     chosen = [p for ps in first_prompts(prompts, n).values() for p in ps]
     ones = [i for i in instances if not i.baseline and not i.adaptive and i.gamma == 1]
     return 2 * estimate_s([(i, chosen) for i in ones], max_tokens, 1, paired, run_dir, measured)
+
+
+def remaining_s(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict, prompts: list,
+                params: Params, run_dir: Path | None, plan: dict, measured: dict) -> float:
+    """Seconds for what is left of a run: the units to run (configuration, round, prompts), the replay of the
+    baselines not yet replayed, the timed subset if the replay has not chosen it yet. run_dir None: a run not
+    started yet."""
+    from harness.bench.replay import proposers
+    from harness.pair import parse_ngram
+    from harness.rundir import REPLAY_DIR, finished
+    est = estimate_s([(i, p) for i, _, p in todo], params.max_tokens, params.repeat, params.paired, run_dir, measured)
+    live = [i for i in instances if i.id not in skipped]
+    if params.replay:
+        done = finished(run_dir / REPLAY_DIR) if run_dir else {}
+        bases = [i for i in live if i.baseline and done.get(i.id, {}).get("status") != "ok"]
+        models = [p for p in proposers(instances, params) if parse_ngram(p) is None]
+        est += replay_s(bases, prompts, models, params.replay_gamma, params.max_tokens, run_dir, measured)
+    if params.timed_subset and "timed" not in plan:
+        est += subset_s(live, prompts, params.timed_subset, params.max_tokens, params.paired, run_dir, measured)
+    return est

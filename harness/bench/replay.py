@@ -23,6 +23,7 @@ KIND = "replay"
 
 def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
                 run_dir: Path) -> dict:
+    from harness.bench.partial import UNIT, replay_done, resume
     from harness.calibrate import in_situ, spanned_contexts
     from harness.engine import Engine, teacher_forced
     from harness.pair import parse_ngram
@@ -45,7 +46,10 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
     models = [p for p in proposers if parse_ngram(p) is None]
     out_file = trace_path(run_dir / REPLAY_DIR, unit)
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    discard(out_file)
+    keep = resume({KIND: out_file}, run_dir / REPLAY_DIR, unit,  # an interrupted unit goes on
+                  lambda traces: replay_done(traces[KIND], proposers, per_prompt(proposers, policy.greedy)))
+    if not keep:
+        discard(out_file)
     tw = TraceWriter(out_file, config=base.id, mode=KIND, policy=policy.label)
     engines = {}
     try:
@@ -63,6 +67,8 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
             forced = [*out, g["stop_token"]] if eos else out  # rows predict positions 0..n-1 (and n)
             texts.append(toks)
             ends.append(len(toks) + len(out))
+            if (pr.id, 0) in keep:
+                continue
             common = {"category": pr.category, "prompt_id": pr.id, "repeat": 0}
             tw.write({"type": "replay_prompt", **common, "prompt_tokens": toks, "tokens": out,
                       "stop_token": g["stop_token"] if eos else None, "max_tokens": params.max_tokens or pr.max_tokens})
@@ -96,7 +102,7 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                         rec |= {"match_exact": match,
                                 "alpha_exact": [round(p.prob(a), 6) for p, a in zip(p_rows, guess)]}
                     tw.write(rec)
-        if texts:  # costs over the prompts' own text at a short and a long context (interpolated per category)
+        if texts and UNIT not in keep:  # costs over the prompts' own text at a short and a long context
             text = [t for x in texts for t in x]
             ctxs = spanned_contexts([len(x) for x in texts], ends, gamma_max + 1)
             t = in_situ(target, None, text, gamma_max + 1, ctxs)
@@ -112,6 +118,19 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
         tw.close()
         for e in engines.values():
             e.close()
+
+
+def proposers(instances: list[Instance], params: Params) -> list[str]:
+    """What the replay runs each baseline's outputs through: every draft of the sweep."""
+    return list(dict.fromkeys(i.draft for i in instances if not i.baseline)) or \
+        [d for d in params.draft if d != "none"]
+
+
+def per_prompt(proposers: list[str], greedy: bool) -> list[str]:
+    """The proposers that write a replay record per prompt: under greedy a lookup's is recomputed from the
+    tokens."""
+    from harness.pair import parse_ngram
+    return [p for p in proposers if not greedy or parse_ngram(p) is None]
 
 
 def stepwise_argmax(engine, prompt: list[int], forced: list[int]) -> list[int]:

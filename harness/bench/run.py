@@ -15,7 +15,8 @@ import click
 
 from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
 from harness.bench import noise
-from harness.bench.estimate import estimate_s
+from harness.bench.budget import Fit, fit
+from harness.bench.estimate import estimate_s, remaining_s
 from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
 from harness.errors import HarnessError
@@ -35,22 +36,30 @@ def prompt_pool(params: Params, categories: list[str] | None = None) -> list:
     return load(categories=categories or params.categories or None)
 
 
+def first_round(params: Params) -> list:
+    """A new run's prompts: each category's first params.per_category (0: all)."""
+    from harness.prompts import load
+    return load(params.categories or None, [Path(p) for p in params.prompts] or None, params.per_category)
+
+
 def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
-              command: str, allow_busy: bool = False, rerun_busy: bool = False) -> Path:
+              command: str, allow_busy: bool = False, rerun_busy: bool = False, dry_run: bool = False) -> Path | None:
+    """The run directory, once the run is done; None for a dry run (the plan printed, nothing run)."""
     from harness.procs import stop_on_signals
     locks: list[int] = []  # the run directory's lock, held for the whole invocation
     try:
         with stop_on_signals():  # SIGTERM, SIGHUP: stop like a Ctrl-C
             return _run_bench(params, prompts, out_root, resume, skip_unsupported, command, allow_busy,
-                              rerun_busy, locks)
+                              rerun_busy, locks, dry_run)
     finally:
         for fd in locks:
             os.close(fd)
 
 
 def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
-               command: str, allow_busy: bool, rerun_busy: bool, locks: list[int]) -> Path:
+               command: str, allow_busy: bool, rerun_busy: bool, locks: list[int], dry_run: bool) -> Path | None:
     from harness.report import write_reports
+    from harness.report.sections import budget_line
     started = time.monotonic()
     if resume:
         read_plan(resume)  # a directory that is not a run says so before anything is written in it
@@ -76,7 +85,18 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
     first = [by_id[i] for i in rounds[0]]
     skipped = preflight(instances, first, skip_unsupported, params.max_tokens, params.n_ctx)
     idle = noise.idle_check(params.busy_threshold, allow_busy)  # before anything is timed, calibration included
+    measured: dict = {}  # each model's plain decode, timed once: what the estimates start from
     if not resume:
+        fitted = _fit(params, skipped, measured)
+        if fitted.cuts:  # the run as cut to fit its budget
+            params, first = fitted.params, first_round(fitted.params)
+            instances, pool = expand(params), prompt_pool(params) if params.until_confident else first
+            by_id, rounds = {p.id: p for p in pool}, [[p.id for p in first]]
+        if line := budget_line(fitted.record()):
+            click.echo(line, err=True)
+        if dry_run:
+            _dry_run(instances, skipped, first, params, fitted, measured)
+            return None
         run_dir = new_run_dir(out_root / RUNS_DIR)
         locks.append(lock_run(run_dir))
         from harness import sysinfo
@@ -86,7 +106,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
                 "categories": sorted({p.category for p in first}),
                 "pool_sizes": dict(Counter(p.category for p in pool)),  # the looks' spending runs to these
                 "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time(),
-                "idle_check": idle, "models": models_info({i.target for i in instances} | {i.draft for i in instances})}
+                "idle_check": idle, "models": models_info({i.target for i in instances} | {i.draft for i in instances}),
+                "budget": fitted.record()}
         write_plan(run_dir, plan)
     if resume:
         plan["idle_check"] = idle  # what the report says of the machine before this invocation's measurements
@@ -121,13 +142,11 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             else:
                 todo.append((i, r, [by_id[x] for x in ids]))
     click.echo(f"run directory: {run_dir}", err=True)
-    click.echo(f"{len(instances)} configurations x {len(first)} prompts x {params.repeat} repeat(s); "
-               f"{len(todo)} unit(s) to run", err=True)
-    est = _estimate(todo, instances, skipped, first, params, run_dir, plan)
-    source = "the calibrations" if (run_dir / "calibration").is_dir() and any((run_dir / "calibration").iterdir()) \
-        else "a plain decode of each model, timed on the idle machine"
-    click.echo(f"estimated time: about {est / 60:.1f} min (from {source}"
-               + ("; more if --until-confident adds prompts" if params.until_confident else "") + ")", err=True)
+    click.echo(_plan_line(instances, skipped, first, params, len(todo), not resume), err=True)
+    est = remaining_s(todo, instances, skipped, first, params, run_dir, plan, measured) if resume \
+        else fitted.estimate_after_s
+    calibrated = resume and (run_dir / "calibration").is_dir() and any((run_dir / "calibration").iterdir())
+    click.echo(_estimate_line(est, params, "the calibrations" if calibrated else DECODES), err=True)
     try:
         _run_units(todo, params, run_dir)
         if params.replay:
@@ -153,8 +172,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         n = sum(1 for r in finished(run_dir).values() if r.get("status") == "ok")
         write_reports(run_dir)
         how, code = (f"stopped by {e.name}", 128 + e.signum) if isinstance(e, Terminated) else ("interrupted", 130)
-        raise HarnessError(f"{how}: {n} unit(s) finished and kept; continue with "
-                           f"`harness bench --resume {run_dir}`", exit_code=code) from None
+        raise HarnessError(f"{how}: {n} unit(s) finished and kept, and the prompts the stopped one finished; "
+                           f"continue with `harness bench --resume {run_dir}`", exit_code=code) from None
     md = write_reports(run_dir)
     click.echo(f"report: {md}", err=True)
     click.echo(f"estimated {est / 60:.1f} min, took {(time.monotonic() - started) / 60:.1f} min", err=True)
@@ -197,29 +216,54 @@ def _target_fidelity(params: Params, prompts: list, run_dir: Path) -> None:
     out.write_text(json.dumps(rows, indent=1))
 
 
-def _estimate(todo: list[Unit], instances: list[Instance], skipped: dict, prompts: list, params: Params,
-              run_dir: Path, plan: dict) -> float:
-    """Seconds for what is left: the units to run, the replay of the baselines not yet replayed, the timed subset
-    if the replay has not chosen it yet."""
-    from harness.bench.estimate import replay_s, subset_s
-    from harness.pair import parse_ngram
-    from harness.rundir import REPLAY_DIR
-    measured: dict = {}
-    est = estimate_s([(i, p) for i, _, p in todo], params.max_tokens, params.repeat, params.paired, run_dir, measured)
-    live = [i for i in instances if i.id not in skipped]
-    if params.replay:
-        done = finished(run_dir / REPLAY_DIR)
-        bases = [i for i in live if i.baseline and done.get(i.id, {}).get("status") != "ok"]
-        models = [p for p in _proposers(instances, params) if parse_ngram(p) is None]
-        est += replay_s(bases, prompts, models, params.replay_gamma, params.max_tokens, run_dir, measured)
-    if params.timed_subset and "timed" not in plan:
-        est += subset_s(live, prompts, params.timed_subset, params.max_tokens, params.paired, run_dir, measured)
-    return est
+def _first_pass(instances: list[Instance], skipped: dict, params: Params) -> list[Instance]:
+    """What a new run runs before its replay: every configuration, or with a timed subset the baselines alone."""
+    return [i for i in instances if i.id not in skipped and (i.baseline or not params.timed_subset)]
 
 
-def _proposers(instances: list[Instance], params: Params) -> list[str]:
-    return list(dict.fromkeys(i.draft for i in instances if not i.baseline)) or \
-        [d for d in params.draft if d != "none"]
+def _fit(params: Params, skipped: dict, measured: dict) -> Fit:
+    """A new run's parameters cut to fit its budget (bench.budget), estimated as a resumed run's remainder is."""
+    def cost(p: Params) -> float:
+        prompts = first_round(p)
+        instances = expand(p)
+        todo = [(i, 0, prompts) for i in _first_pass(instances, skipped, p)]
+        return remaining_s(todo, instances, skipped, prompts, p, None, {}, measured)
+    pool = prompt_pool(params)
+    return fit(params, cost, max(Counter(p.category for p in pool).values()), max(p.max_tokens for p in pool))
+
+
+def _plan_line(instances: list[Instance], skipped: dict, prompts: list, params: Params, units: int,
+               new: bool = True) -> str:
+    """The run's shape; for a new run, with what follows its first units."""
+    from harness.bench.replay import proposers
+    line = (f"{len(instances)} configurations x {len(prompts)} prompts x {params.repeat} repeat(s); "
+            f"{units} unit(s) to run")
+    if params.replay and new:
+        bases = sum(1 for i in instances if i.baseline and i.id not in skipped)
+        line += (f", then the replay of {bases} baseline(s) through {', '.join(proposers(instances, params))} up "
+                 f"to gamma {params.replay_gamma}")
+    if params.timed_subset and new:
+        line += (", then a timed subset (each proposer's predicted best gamma and gamma 1) on each category's first "
+                 f"{params.timed_subset} prompt(s)")
+    return line
+
+
+DECODES = "a plain decode of each model, timed on the idle machine"
+
+
+def _estimate_line(est_s: float, params: Params, source: str) -> str:
+    return (f"estimated time: about {est_s / 60:.1f} min (from {source}"
+            + ("; more if --until-confident adds prompts" if params.until_confident else "") + ")")
+
+
+def _dry_run(instances: list[Instance], skipped: dict, prompts: list, params: Params, fitted: Fit,
+             measured: dict) -> None:
+    click.echo(_plan_line(instances, skipped, prompts, params, len(_first_pass(instances, skipped, params))),
+               err=True)
+    click.echo(_estimate_line(fitted.estimate_after_s, params, DECODES), err=True)
+    decodes = ", ".join(f"{ref} {ms:.1f} ms" for (ref, _, _), ms in measured.items())
+    click.echo(f"dry run: timed a plain decode of each model for the estimate ({decodes or 'none'}); nothing else "
+               "ran, and no run directory was made", err=True)
 
 
 def asked_share(inst: Instance) -> float | None:
@@ -235,43 +279,50 @@ def asked_share(inst: Instance) -> float | None:
 
 def _run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path | None = None) -> None:
     """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
+    from harness.bench.progress import Progress, timed_watch
     from harness.bench.worker import run_in_worker
     for k, (inst, r, prompts) in enumerate(units, 1):
-        with noise.Sampler(params.busy_threshold, asked_share(inst)) as sampler:
+        what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
+            f" ({inst.setup})" if inst.setup else "")
+        title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {json.dumps(inst.policy)}"
+        watch = timed_watch(run_dir, unit_id(inst.id, r), params.paired and not inst.baseline)
+        with noise.Sampler(params.busy_threshold, asked_share(inst)) as sampler, \
+                Progress(title, len(prompts) * params.repeat, watch):
             res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch)
         rec = sampler.summary()
         label = f"drift/{inst.id}" if noise_to else unit_id(inst.id, r)  # the drift check feeds no verdict
         record_noise(noise_to or run_dir, {"unit": label, "config": None if noise_to else inst.id, "round": r} | rec)
         nz = unit_summary(rec)
-        what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
-            f" ({inst.setup})" if inst.setup else "")
         status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
         busy = (f"; SLOWED: the worker got {nz['own_mean']:.0%} of the cores, less than {SLOWED:.0%} of what "
                 f"its threads ask for" if nz["slowed"] else
                 f"; BUSY: other processes used {nz['foreign_max']:.0%} of the cores over {WINDOW_S} s") \
             if nz["busy"] else ""
-        click.echo(f"[{k}/{len(units)}] round {r}: {inst.target} {what} {json.dumps(inst.policy)}: {status}{busy}",
-                   err=True)
+        click.echo(f"{title}: {status}{busy}", err=True)
 
 
 def _replay(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path) -> None:
     """Each finished plain baseline's outputs replayed through every model draft (and the n-gram proposers),
     watched for noise like any unit: the replay measures the decode costs its predictions use."""
-    from harness.bench.replay import run_replay
+    from harness.bench.progress import Progress, replay_watch
+    from harness.bench.replay import per_prompt, proposers, run_replay
     from harness.rundir import REPLAY_DIR
-    proposers = _proposers(instances, params)
+    from harness.sampling import Policy
+    drafts = proposers(instances, params)
     done, base_done = finished(run_dir / REPLAY_DIR), finished(run_dir)
     todo = [i for i in instances if i.baseline and i.id not in skipped
             and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]
     for k, base in enumerate(todo, 1):
-        with noise.Sampler(params.busy_threshold, asked_share(base)) as sampler:
-            res = run_replay(base, 0, prompts, proposers, params.replay_gamma, params, run_dir,
+        title = f"[replay {k}/{len(todo)}] {base.target} {json.dumps(base.policy)}"
+        watch = replay_watch(run_dir, base.id, len(per_prompt(drafts, Policy(**base.policy).greedy)))
+        with noise.Sampler(params.busy_threshold, asked_share(base)) as sampler, \
+                Progress(title, len(prompts), watch):
+            res = run_replay(base, 0, prompts, drafts, params.replay_gamma, params, run_dir,
                              on_start=sampler.meter.watch)
         rec = sampler.summary()
         record_noise(run_dir, {"unit": f"replay/{base.id}", "config": None, "round": 0} | rec)
         status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
-        click.echo(f"[replay {k}/{len(todo)}] {base.target} {json.dumps(base.policy)}: {', '.join(proposers)} "
-                   f"up to gamma {params.replay_gamma}: {status}", err=True)
+        click.echo(f"{title}: {', '.join(drafts)} up to gamma {params.replay_gamma}: {status}", err=True)
 
 
 def spent_s(run_dir: Path) -> float:

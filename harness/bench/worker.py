@@ -18,6 +18,7 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     """Every prompt (times params.repeat) through one configuration. params.paired: each speculative
     generation also runs as plain decoding in this worker, alternating which goes first, into run_dir/paired: a
     reference taken seconds apart, so the machine's drift over a long sweep cancels out of the speedup."""
+    from harness.bench.partial import UNIT, resume, timed_done
     from harness.loop import Request, check_fits
     from harness.pair import open_pair
     from harness.trace import TraceWriter, discard
@@ -32,9 +33,18 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     files = {"baseline" if inst.baseline else "speculative": trace_path(run_dir, unit)}
     if paired and not inst.baseline:
         files["baseline"] = trace_path(run_dir / PAIRED_DIR, unit)
+    # greedy speculative outputs are checked against plain greedy decoding: the paired twin, or else the
+    # baseline configuration's trace when it ran earlier in the sweep
+    check = inst.policy["temperature"] == 0 and not inst.baseline
+    plain_ref = plain_outputs(run_dir, inst, round_) if check and "baseline" not in files else {}
+    # an interrupted unit goes on from its finished prompts; a batched one's requests share their batches and an
+    # adaptive one's controller learns from prompt to prompt: those start afresh
+    keep = resume(files, run_dir, unit, lambda traces: timed_done(traces, check, plain_ref)) \
+        if inst.parallel == 1 and not inst.adaptive else set()
     for f in files.values():
         f.parent.mkdir(parents=True, exist_ok=True)
-        discard(f)  # a rerun replaces a partial trace (or an archived one)
+        if not keep:
+            discard(f)  # a rerun replaces a partial trace (or an archived one)
     try:
         requests = []
         for pr in prompts:
@@ -43,14 +53,14 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
             check_fits(len(toks), mt, inst.gamma, pair.target.n_ctx)
             requests.append((pr, Request(pr.id, toks, mt, pr.category)))
         warm_up(pair, requests[0][1].tokens, inst.parallel * (inst.gamma + 1) - 1)
-        if not inst.baseline and round_ == 0:  # the costs this configuration's rows pay, for the cost model
+        if not inst.baseline and round_ == 0 and UNIT not in keep:  # the costs its rows pay, for the cost model
             tw = TraceWriter(files["speculative"], config=inst.id, mode="speculative")
             tw.write(measure_costs(pair, [r for _, r in requests], inst.gamma + 1, inst.parallel))
             tw.close()
         if inst.parallel > 1:
-            run_batches(inst, pair, [r for _, r in requests], files, params.repeat, run_dir, round_)
+            run_batches(inst, pair, [r for _, r in requests], files, params.repeat, check, plain_ref)
         else:
-            run_sequential(inst, pair, requests, files, params.repeat, run_dir, round_)
+            run_sequential(inst, pair, requests, files, params.repeat, run_dir, check, plain_ref, keep)
         kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
         engines = {"target": pair.target, "draft": pair.draft_engine}
         return {"status": "ok", "kv_bytes": kv, "rss_before_models": before_models,
@@ -66,19 +76,20 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
         pair.close()
 
 
-def run_sequential(inst: Instance, pair, requests: list, files: dict, repeat: int, run_dir: Path, round_: int) -> None:
-    """One request at a time; with a paired twin, alternating which of the two goes first."""
+def run_sequential(inst: Instance, pair, requests: list, files: dict, repeat: int, run_dir: Path, check: bool,
+                   plain_ref: dict, keep: set) -> None:
+    """One request at a time, but those in keep (finished before an interruption); with a paired twin,
+    alternating which of the two goes first, in the same order as though none had been kept."""
     from harness.loop import generate
     from harness.sampling import Policy
     from harness.trace import TraceWriter
     controllers = {}
-    # greedy speculative outputs are checked against plain greedy decoding: the paired twin, or else the
-    # baseline configuration's trace when it ran earlier in the sweep
-    check = inst.policy["temperature"] == 0 and not inst.baseline
-    plain_ref = plain_outputs(run_dir, inst, round_) if check and "baseline" not in files else {}
     pol, n = Policy(**inst.policy), 0
     for rep in range(repeat):
         for pr, req in requests:
+            if (pr.id, rep) in keep:
+                n += 1
+                continue
             req = replace(req, repeat=rep)  # its random streams (loop.streams)
             gamma = inst.gamma
             if inst.adaptive:
@@ -104,15 +115,13 @@ def run_sequential(inst: Instance, pair, requests: list, files: dict, repeat: in
                 tw.close()
 
 
-def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, run_dir: Path, round_: int) -> None:
+def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, check: bool, plain_ref: dict) -> None:
     """inst.parallel requests at a time, each category's apart (a batch holds one workload); with a paired twin,
     the category's plain batch beside its speculative one, alternating which goes first."""
     from harness.concurrency.loop import BatchedDraft, generate_concurrent
     from harness.sampling import Policy
     from harness.trace import TraceWriter
     proposer = BatchedDraft(pair.draft_engine, inst.drafting) if pair.draft_engine else pair.proposer
-    check = inst.policy["temperature"] == 0 and not inst.baseline
-    plain_ref = plain_outputs(run_dir, inst, round_) if check and "baseline" not in files else {}
     by_cat: dict[str, list] = {}
     for r in requests:
         by_cat.setdefault(r.category, []).append(r)

@@ -1,0 +1,88 @@
+"""Fitting a new run into its time budget (`--budget-min`) before anything runs. While the estimate exceeds the
+budget, cut, in this order: the tokens per generation (not below 16), the gammas replayed or swept (not below
+4), the timed subset (not below one prompt per category), the prompts per category (not below 10; a category
+with fewer keeps all). Each is halved at a time until the run fits or it reaches its floor, so a run is cut no
+more than it must be, to values that recur from one machine to the next. Prompts go last: the verdicts rest on
+them. What still does not fit runs anyway, and says so.
+
+Pure: the caller passes the cost estimate (seconds for a parameter set) and the prompt set's shape."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+from harness.plan import Params
+
+MIN_TOKENS, MIN_GAMMA, MIN_PROMPTS = 16, 4, 10
+
+
+@dataclass(frozen=True)
+class Cut:
+    param: str  # the Params field cut
+    before: int | list
+    after: int | list
+    estimate_before_s: float
+    estimate_after_s: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Fit:
+    params: Params
+    budget_min: float | None
+    estimate_before_s: float
+    estimate_after_s: float
+    cuts: tuple[Cut, ...] = ()
+
+    def record(self) -> dict:
+        """What plan.json keeps of the fit (`budget`): what report.sections.budget_line says."""
+        return {"budget_min": self.budget_min, "estimate_before_s": round(self.estimate_before_s, 1),
+                "estimate_after_s": round(self.estimate_after_s, 1),
+                "fits": self.budget_min is None or self.estimate_after_s <= self.budget_min * 60,
+                "cuts": [asdict(c) | {"estimate_before_s": round(c.estimate_before_s, 1),
+                                      "estimate_after_s": round(c.estimate_after_s, 1)} for c in self.cuts]}
+
+
+def _steps(largest_category: int, own_max_tokens: int) -> list[tuple[str, Callable[[Params], Params | None]]]:
+    """(field, one halving of it), in the order they are cut; a halving is None at its floor."""
+    def tokens(p: Params) -> Params | None:
+        now = p.max_tokens or own_max_tokens  # 0: each prompt's own, at most own_max_tokens
+        return replace(p, max_tokens=max(MIN_TOKENS, now // 2)) if now > MIN_TOKENS else None
+
+    def gammas(p: Params) -> Params | None:
+        # a replay predicts every gamma up to replay_gamma, and only those can be timed: the sweep follows it
+        top = p.replay_gamma if p.replay else max((g for g in p.gamma if isinstance(g, int)), default=0)
+        if top <= MIN_GAMMA:
+            return None
+        new = max(MIN_GAMMA, top // 2)
+        kept = [g for g in p.gamma if not isinstance(g, int) or g <= new]  # auto:N keeps its own N
+        return replace(p, gamma=kept, replay_gamma=new if p.replay else p.replay_gamma) if kept else None
+
+    def subset(p: Params) -> Params | None:
+        return replace(p, timed_subset=max(1, p.timed_subset // 2)) if p.replay and p.timed_subset > 1 else None
+
+    def prompts(p: Params) -> Params | None:
+        now = p.per_category or largest_category
+        return replace(p, per_category=max(MIN_PROMPTS, now // 2)) if now > MIN_PROMPTS else None
+
+    return [("max_tokens", tokens), ("gamma", gammas), ("timed_subset", subset), ("per_category", prompts)]
+
+
+def fit(params: Params, cost: Callable[[Params], float], largest_category: int, own_max_tokens: int) -> Fit:
+    """params cut to fit params.budget_min by cost(params) (seconds), and the cuts made, each with its reason.
+    largest_category: the most prompts a category has; own_max_tokens: the longest of the prompts' own
+    max_tokens (what max_tokens 0 stands for)."""
+    est = before = cost(params)
+    if params.budget_min is None:
+        return Fit(params, None, before, before)
+    budget_s, p, cuts = params.budget_min * 60, params, []
+    for name, halve in _steps(largest_category, own_max_tokens):
+        start, start_est = p, est
+        while est > budget_s and (nxt := halve(p)) is not None:
+            p, est = nxt, cost(nxt)
+        if p is not start:
+            field = "replay_gamma" if name == "gamma" and p.replay else name
+            was = getattr(start, field) or (largest_category if field == "per_category" else own_max_tokens)
+            cuts.append(Cut(field, was, getattr(p, field), start_est, est,
+                            f"estimated {start_est / 60:.1f} min, over the {params.budget_min:g} min budget"))
+    return Fit(p, params.budget_min, before, est, tuple(cuts))
