@@ -107,7 +107,7 @@ def env(tmp_path, monkeypatch):
 
 def test_real_catalog_loads():
     cat = load_catalog(ROOT / "models.toml")
-    assert len(cat) == 9
+    assert len(cat) == 11
     big = cat["qwen2.5-coder-1.5b-instruct-q4_k_m"]
     assert big.kind == "pypi" and big.role == "target" and big.quant == "Q4_K_M"
     assert len(big.parts) == 22
@@ -125,9 +125,12 @@ def test_real_catalog_loads():
     q2k = cat["smollm2-135m-instruct-q2_k"]
     assert (q2k.kind, q2k.derive_from, q2k.derive_ftype, q2k.quant, q2k.requantized) == (
         "derived", "smollm2-135m-instruct-q4_1", "Q2_K", "Q2_K", True)
-    assert sum(m.kind == "derived" for m in cat.values()) == 5
+    assert sum(m.kind == "derived" for m in cat.values()) == 7
     ladder = cat["qwen2.5-coder-1.5b-instruct-q3_k_m"]  # the target's quantization ladder
     assert (ladder.role, ladder.derive_from, ladder.derive_ftype) == ("target", big.name, "Q3_K_M")
+    for name, ftype in (("f16", "F16"), ("q8_0", "Q8_0")):  # ...and its precision ladder
+        m = cat[f"qwen2.5-coder-1.5b-instruct-{name}"]
+        assert (m.role, m.derive_from, m.derive_ftype, m.requantized) == ("target", big.name, ftype, True)
 
 
 PYPI_SRC = 'source = { kind = "pypi", package = "p", version = "1", member = "m" }'
