@@ -3,7 +3,6 @@ run's answers name runs in llama.cpp's own llama-server (`make native` builds it
 speculative and plain, on the run's own prompts, and its speedup and acceptance, from the server's own timings,
 stand beside the harness's. binary: which llama-server; server: one server process; checks: what to run;
 stats: the figures and the rule; output: crosscheck.json and crosscheck.md; run: all of it in order."""
-from harness.crosscheck.output import report_lines
 from harness.crosscheck.run import crosscheck_command
 
-__all__ = ["crosscheck_command", "report_lines"]
+__all__ = ["crosscheck_command"]

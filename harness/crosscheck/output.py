@@ -107,11 +107,6 @@ def summary(rows: list[dict]) -> list[str]:
     return [table([_row(r, vary) for r in rows], (["where"] if vary else []) + HEADERS), "", share(rows)]
 
 
-def report_lines(run_dir: Path) -> list[str]:
-    """The section for `harness report`, from crosscheck.json ([] where crosscheck has not run)."""
-    return section(load(run_dir), run_dir.name)
-
-
 def write_md(run_dir: Path, rows: list[dict]) -> Path:
     from harness.errors import naming
     path = run_dir / MD
