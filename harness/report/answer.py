@@ -51,13 +51,14 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
 
 
 def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFrame) -> dict:
-    from harness.report.howto import howto_for_instance
+    from harness.report.howto import howto_for_instance, rule_differs
     a = {k: r.get(k) for k in (*VARY, "category", "policy", "verdict", "speedup", "lo", "hi", "at_most", "further",
                                "min_gain")} | {"configuration": name, "source": source}
     how = howto_for_instance(inst, n_ctx) if inst is not None and r["verdict"] == SPECULATE else None
     a |= {"server": how and how.server, "speculative_simple": how and how.speculative_simple,
           "python": how and how.python, "note": how.note if how else ""}
-    x = exact.row(0, named=True) if len(exact) and how and how.note and "exact" in how.note else None
+    x = exact.row(0, named=True) if len(exact) and how and rule_differs(inst.draft, inst.policy, inst.verify) \
+        else None
     # "instance": the plan.Instance the answer names, for every verdict (harness crosscheck runs it in
     # llama-server); not exported (answer_frame drops it)
     return a | {"exact_speedup": x and x["speedup"], "exact_lo": x and x["speedup_lo"],

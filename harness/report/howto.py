@@ -148,7 +148,7 @@ def howto(target: str, draft: str, gamma: int, policy: dict | Policy, *, p_min: 
     spec = _draft_args(model_path(draft, catalog), gamma, p_min=p_min, n_min=n_min, ngl_draft=ngl_draft,
                        threads=threads, cache_k_draft=cache_k_draft, cache_v_draft=cache_v_draft)
     simple = ["llama-speculative-simple", *ctx, *spec, *_sampling(pol)]
-    if not pol.greedy and verify == "leviathan":
+    if rule_differs(draft, pol, verify):
         # common_sampler_sample_and_accept_n: the target samples each position, the draft token stays if equal
         notes.append("The harness's figure is Leviathan's rule; llama.cpp keeps a draft token only when the target "
                      "samples it (the harness's \"exact\" rule, which usually accepts less): the exact figure "
@@ -158,6 +158,14 @@ def howto(target: str, draft: str, gamma: int, policy: dict | Policy, *, p_min: 
                      "harness's parallel requests.")
     return HowTo(shlex.join(server + spec + _sampling(pol)), shlex.join(simple) + f" -p {PROMPT}", None,
                  " ".join(notes))
+
+
+def rule_differs(draft: str, policy: dict | Policy, verify: str) -> bool:
+    """Whether llama.cpp would verify this configuration by another rule than the harness measured: a sampled
+    draft model under Leviathan's rule (a lookup's point-mass draft is accepted alike by both)."""
+    from harness.pair import parse_ngram
+    pol = policy if isinstance(policy, Policy) else Policy(**policy)
+    return not pol.greedy and verify == "leviathan" and draft != "none" and parse_ngram(draft) is None
 
 
 def howto_for_instance(inst, n_ctx: int, catalog: dict | None = None) -> HowTo:
