@@ -196,6 +196,9 @@ def check(target, draft, prompts_path, as_json):
               help="Teacher-force every draft along the plain baselines' outputs: acceptance and predicted speedup "
                    "at every gamma up to --replay-gamma, from every prompt.")
 @click.option("--replay-gamma", type=int, help="Replay gamma 1..N (default 8).")
+@click.option("--prompt-cache/--no-prompt-cache", default=None,
+              help="Evaluate each prompt once per model and run, later uses restoring its KV state (saves the "
+                   "prompt evaluation that dominates a long prompt's run; latency is then not measured).")
 @click.option("--timed-subset", type=int, help="With --replay: time only each proposer's predicted best gamma and "
                                               "gamma 1 per category, on its first N prompts.")
 @click.option("--until-confident", is_flag=True, default=None,

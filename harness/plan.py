@@ -19,7 +19,7 @@ LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl
              "flash_attn", "ubatch", "parallel")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset",
-               "min_gain")
+               "min_gain", "prompt_cache", "also")
 
 
 def profiles_file() -> Path:
@@ -65,6 +65,8 @@ class Params:
     timed_subset: int = 0  # with replay: time only each proposer's predicted best gamma and gamma 1 per category,
     # on its first N prompts (0: time every configuration on every prompt)
     min_gain: float = MIN_GAIN  # the least gain worth having over plain decoding
+    prompt_cache: bool = False  # each model evaluates each prompt once a run; later uses restore its KV state
+    also: list = field(default_factory=list)  # further sweeps: dicts of list keys replacing this one's
 
 
 def load_profile(name: str, path: Path | None = None) -> dict:
@@ -93,7 +95,7 @@ def load_profile(name: str, path: Path | None = None) -> dict:
 SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
                 "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int,
-                "min_gain": (int, float)}
+                "min_gain": (int, float), "prompt_cache": bool, "also": list}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:
@@ -117,7 +119,11 @@ def make_params(profile: dict, overrides: dict) -> Params:
             setattr(p, k, v)
     if not p.target:
         raise HarnessError("no target: give --target or a --profile")
-    check(p)
+    # a list given on the command line replaces the profile's, in its further sweeps too: those that set it go
+    given = {k for k, v in overrides.items() if v is not None and k in LIST_KEYS}
+    p.also = [a for a in p.also if not (isinstance(a, dict) and set(a) & given)]
+    for q in [p, *(_also(p, a) for a in p.also)]:
+        check(q)
     return p
 
 
@@ -336,6 +342,20 @@ def _draftings(p: Params, draft: str, greedy: bool) -> list[tuple[str, float, in
 
 
 def expand(p: Params) -> list[Instance]:
+    """The instances of p's sweep, then of each of p.also's (p with those lists replaced), each once."""
+    out = [i for q in [p, *(_also(p, a) for a in p.also)] for i in _expand(q)]
+    return list({i.id: i for i in out}.values())
+
+
+def _also(p: Params, extra: dict) -> Params:
+    from dataclasses import replace
+    if not isinstance(extra, dict) or not extra or set(extra) - set(LIST_KEYS):
+        raise HarnessError(f"'also' takes tables of list options ({', '.join(LIST_KEYS)}) for a further sweep, "
+                           f"got {extra!r}")
+    return replace(p, also=[], **{k: _as_list(k, v) for k, v in extra.items()})
+
+
+def _expand(p: Params) -> list[Instance]:
     fixed = [g for g in p.gamma if isinstance(g, int)]
     for g in fixed:
         if g < 1:
