@@ -39,3 +39,11 @@ def test_a_malformed_further_sweep_is_refused(also):
 def test_a_further_sweep_is_checked_like_the_main_one():
     with pytest.raises(HarnessError, match="threads"):
         make_params(PROFILE | {"also": [{"threads": [-1]}]}, {})
+
+
+def test_each_baseline_is_replayed_through_its_own_sweeps_drafts_only():
+    from harness.bench.replay import proposers
+    p = make_params(PROFILE, {})
+    inst = expand(p)
+    by_target = {b.target: proposers(inst, p, b) for b in inst if b.baseline}
+    assert by_target == {"t-q4": ["d1", "ngram:3"], "t-f16": ["d1"]}

@@ -120,9 +120,11 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
             e.close()
 
 
-def proposers(instances: list[Instance], params: Params) -> list[str]:
-    """What the replay runs each baseline's outputs through: every draft of the sweep."""
-    return list(dict.fromkeys(i.draft for i in instances if not i.baseline)) or \
+def proposers(instances: list[Instance], params: Params, base: Instance | None = None) -> list[str]:
+    """What the replay runs a baseline's outputs through: every draft the sweep pairs with that baseline (with
+    any baseline when base is None)."""
+    return list(dict.fromkeys(i.draft for i in instances if not i.baseline
+                              and (base is None or i.plain().id == base.id))) or \
         [d for d in params.draft if d != "none"]
 
 

@@ -308,12 +308,12 @@ def _replay(instances: list[Instance], skipped: dict, prompts: list, params: Par
     from harness.bench.replay import per_prompt, proposers, run_replay
     from harness.rundir import REPLAY_DIR
     from harness.sampling import Policy
-    drafts = proposers(instances, params)
     done, base_done = finished(run_dir / REPLAY_DIR), finished(run_dir)
     todo = [i for i in instances if i.baseline and i.id not in skipped
             and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]
     for k, base in enumerate(todo, 1):
         title = f"[replay {k}/{len(todo)}] {base.target} {json.dumps(base.policy)}"
+        drafts = proposers(instances, params, base)
         watch = replay_watch(run_dir, base.id, len(per_prompt(drafts, Policy(**base.policy).greedy)))
         with noise.Sampler(params.busy_threshold, asked_share(base)) as sampler, \
                 Progress(title, len(prompts), watch):
