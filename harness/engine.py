@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import HarnessError
+from harness.promptcache import evaluate_prompt
 
 _backend_ready = False
 
@@ -445,13 +446,14 @@ class Engine:
         self.close()
 
 
-def teacher_forced(engine, prompt_tokens: list[int], output: list[int]) -> np.ndarray:
+def teacher_forced(engine, prompt_tokens: list[int], output: list[int], cache=None) -> np.ndarray:
     """Logits [len(output), n_vocab] predicting each output token, from one batched pass over the prompt and
-    output (chunks of n_batch): row j comes from the position of the token before output[j]."""
+    output (chunks of n_batch): row j comes from the position of the token before output[j]. cache: the run's
+    prompt cache (promptcache.PromptCache), for the prompt but its last token."""
     engine.reset()
     if not output:
         return np.zeros((0, engine.n_vocab), dtype=np.float32)
-    engine.decode(prompt_tokens[:-1], logits="none")
+    evaluate_prompt(engine, prompt_tokens[:-1], cache)
     block = [prompt_tokens[-1], *output[:-1]]
     out = np.empty((len(block), engine.n_vocab), dtype=np.float32)
     nb = engine.cfg.n_batch

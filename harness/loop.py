@@ -11,6 +11,7 @@ import numpy as np
 from harness.divergence import margin as top2_margin
 from harness.engine import Engine
 from harness.errors import HarnessError
+from harness.promptcache import PromptCache, evaluate_prompt, timed
 from harness.proposers import Proposal
 from harness.sampling import Policy, process, top_prob
 from harness.trace import TraceWriter
@@ -78,10 +79,13 @@ def outcome(verdict, prop: Proposal, eog, remaining: int) -> Outcome:
 
 
 def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=0,
-             trace: TraceWriter | None = None, mode: str | None = None, rule: str = "leviathan") -> dict:
+             trace: TraceWriter | None = None, mode: str | None = None, rule: str = "leviathan",
+             cache: PromptCache | None = None) -> dict:
     """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding.
     gamma is a fixed draft length or a controller (costmodel.AdaptiveGamma) with begin(), choose(remaining) and
-    observe(alphas, proposed, draft_ms, verify_ms). rule: how sampled drafts are verified (proposers.RULES)."""
+    observe(alphas, proposed, draft_ms, verify_ms). rule: how sampled drafts are verified (proposers.RULES).
+    cache: the run's prompt cache, for the target's prompt (the proposer holds its own); a prompt restored from
+    it has no evaluation time, and the generation then no latency (None)."""
     ctl = gamma if hasattr(gamma, "choose") else None
     if ctl:
         ctl.begin()
@@ -94,14 +98,11 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
     from_draft: list[bool] = []
     target.reset()
     target.perf_reset()
-    t0 = time.perf_counter()
-    target.decode(ctx[:-1], logits="none")
-    t1 = time.perf_counter()
+    prompt_ms = timed(cache, lambda: evaluate_prompt(target, ctx[:-1], cache))
     draft_prefill_ms = 0.0
     if proposer is not None:
         proposer.rng = draft_rng
-        proposer.prefill(ctx, policy)
-        draft_prefill_ms = (time.perf_counter() - t1) * 1000
+        draft_prefill_ms = timed(cache, lambda: proposer.prefill(ctx, policy))
     t_gen = time.perf_counter()
     instr_total = 0.0
     stop, stop_token = "max_tokens", None
@@ -152,12 +153,13 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
     t_end = time.perf_counter()
     gen_ms = (t_end - t_gen - instr_total) * 1e3
     perf = target.perf()
+    latency = None if prompt_ms is None or draft_prefill_ms is None else gen_ms + prompt_ms + draft_prefill_ms
     rec = {"type": "generation", "mode": mode, "prompt_id": req.prompt_id, "category": req.category,
            "prompt_tokens": len(req.tokens), "n_tokens": len(out), "tokens": out,
            "from_draft": "".join("d" if s else "t" for s in from_draft),
            "text": target.vocab.detokenize(out), "stop": stop, "stop_token": stop_token, "steps": step,
-           "prompt_eval_ms": (t1 - t0) * 1e3, "draft_prefill_ms": draft_prefill_ms, "gen_ms": gen_ms,
-           "latency_ms": gen_ms + (t_gen - t0) * 1e3, "instrument_ms": instr_total * 1e3,
+           "prompt_cached": prompt_ms is None, "prompt_eval_ms": prompt_ms, "draft_prefill_ms": draft_prefill_ms,
+           "gen_ms": gen_ms, "latency_ms": latency, "instrument_ms": instr_total * 1e3,
            "tokens_per_s": len(out) / gen_ms * 1e3 if gen_ms > 0 else 0.0,
            "llama_eval_ms": perf["eval_ms"], "llama_n_eval": perf["n_eval"]}
     trace.write(rec)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from harness.engine import Engine, EngineConfig, require_offload
 from harness.errors import HarnessError
 from harness.models.catalog import Model, require_present, resolve
+from harness.promptcache import PromptCache
 from harness.proposers import DraftModelProposer, Drafting, NgramProposer
 
 
@@ -28,6 +29,7 @@ class Pair:
     draft_model: Model | None = None
     draft_engine: Engine | None = None
     alignment: dict | None = None
+    prompt_cache: PromptCache | None = None  # the run's, for the target's prompts (the draft's proposer has it)
 
     def close(self) -> None:
         if self.draft_engine:
@@ -36,9 +38,10 @@ class Pair:
 
 
 def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_cfg: EngineConfig | None = None,
-              check_texts: list | None = None, check_alignment: bool = True, drafting: Drafting = Drafting()) -> Pair:
+              check_texts: list | None = None, check_alignment: bool = True, drafting: Drafting = Drafting(),
+              prompt_cache: PromptCache | None = None) -> Pair:
     """Everything that can be refused is refused before any weights are loaded. draft_cfg: the draft's
-    context (default: the target's, on the CPU)."""
+    context (default: the target's, on the CPU). prompt_cache: the run's, for both models' prompts."""
     draft_cfg = draft_cfg or replace(cfg, n_gpu_layers=0)
     tm = resolve(target_ref)
     require_present(tm)
@@ -56,7 +59,7 @@ def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_c
         else:
             NgramProposer(ngram)  # validates n before loading anything
     target = Engine(tm.path, cfg)
-    pair = Pair(tm, target, draft_model=dm, alignment=alignment)
+    pair = Pair(tm, target, draft_model=dm, alignment=alignment, prompt_cache=prompt_cache)
     if ngram is not None:
         pair.proposer = NgramProposer(ngram)
     elif dm is not None:
@@ -65,5 +68,5 @@ def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_c
         except BaseException:
             target.close()
             raise
-        pair.proposer = DraftModelProposer(pair.draft_engine, dm.name, drafting)
+        pair.proposer = DraftModelProposer(pair.draft_engine, dm.name, drafting, prompt_cache)
     return pair

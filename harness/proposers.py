@@ -9,6 +9,7 @@ import numpy as np
 
 from harness.engine import Engine
 from harness.errors import HarnessError
+from harness.promptcache import PromptCache, evaluate_prompt
 from harness.sampling import Dist, Policy, process, top_share
 
 
@@ -73,12 +74,15 @@ def draft_pick(row: np.ndarray, policy: Policy, d: Drafting, rng: np.random.Gene
 
 
 class DraftModelProposer:
-    """A smaller model with the same tokenizer, sampling from its own processed distribution q."""
+    """A smaller model with the same tokenizer, sampling from its own processed distribution q. cache: the run's
+    prompt cache, through which it evaluates each prompt."""
 
-    def __init__(self, engine: Engine, name: str = "draft", drafting: Drafting = Drafting()):
+    def __init__(self, engine: Engine, name: str = "draft", drafting: Drafting = Drafting(),
+                 cache: PromptCache | None = None):
         self.engine = engine
         self.name = name
         self.drafting = drafting
+        self.cache = cache
         self.policy = Policy()
         self.rng = np.random.default_rng(0)
 
@@ -86,7 +90,7 @@ class DraftModelProposer:
         """Start a generation: take its policy, evaluate the prompt (all but its last token)."""
         self.policy = policy
         self.engine.reset()
-        self.engine.decode(prompt[:-1], logits="none")
+        evaluate_prompt(self.engine, prompt[:-1], self.cache)
 
     def propose(self, context: list[int], n: int) -> Proposal:
         eng, d = self.engine, self.drafting

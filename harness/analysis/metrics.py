@@ -64,13 +64,23 @@ def acceptance(steps: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     )
 
 
+def measured_mean(col: str) -> pl.Expr:
+    """The mean over a group's generations, or null where one of them lacks the figure (a prompt restored from
+    the run's prompt cache has no evaluation time, its generation no latency): a mean of the others would pass
+    for all's."""
+    c = pl.col(col)
+    return pl.when(c.is_null().any()).then(None).otherwise(c.mean()).alias(col)
+
+
 def throughput(gens: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """prompt_restored: some generation restored a prompt from the run's prompt cache (its latency is null)."""
     return gens.group_by(by, maintain_order=True).agg(
         pl.len().alias("generations"),
         pl.col("n_tokens").sum().alias("tokens"),
         pl.col("gen_ms").sum(),
-        pl.col("latency_ms").mean().alias("latency_ms"),
-        pl.col("prompt_eval_ms").mean().alias("prompt_eval_ms"),
+        measured_mean("latency_ms"),
+        pl.col("latency_ms").is_null().any().alias("prompt_restored"),
+        measured_mean("prompt_eval_ms"),
         (pl.col("prompt_tokens") + pl.col("n_tokens") / 2).mean().alias("context"),
     ).with_columns(
         safe_div(pl.col("tokens") * 1000.0, pl.col("gen_ms")).alias("tokens_per_s"),

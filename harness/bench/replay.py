@@ -27,6 +27,7 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
     from harness.calibrate import in_situ, spanned_contexts
     from harness.engine import Engine, teacher_forced
     from harness.pair import parse_ngram
+    from harness.promptcache import PromptCache, cache_dir
     from harness.sampling import Policy, process
     from harness.trace import TraceWriter, discard
     from harness.verify import overlap
@@ -51,6 +52,7 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
     if not keep:
         discard(out_file)
     tw = TraceWriter(out_file, config=base.id, mode=KIND, policy=policy.label)
+    cache = PromptCache(cache_dir(run_dir)) if params.prompt_cache else None
     engines = {}
     try:
         target = engines["target"] = Engine(resolve(base.target).path, cfg)
@@ -72,7 +74,8 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
             common = {"category": pr.category, "prompt_id": pr.id, "repeat": 0}
             tw.write({"type": "replay_prompt", **common, "prompt_tokens": toks, "tokens": out,
                       "stop_token": g["stop_token"] if eos else None, "max_tokens": params.max_tokens or pr.max_tokens})
-            p_rows = None if policy.greedy else [process(r, policy) for r in teacher_forced(target, toks, forced)]
+            p_rows = None if policy.greedy else [process(r, policy)
+                                                 for r in teacher_forced(target, toks, forced, cache)]
             for name in proposers:
                 n = parse_ngram(name)
                 if n is not None:
@@ -89,13 +92,13 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                     continue
                 # the draft's top token along the output: greedy's proposals, and llama.cpp's rule's, whose target
                 # samples with the plain twin's own random draws, one per token, so that its output is the twin's
-                guess = stepwise_argmax(engines[name], toks, forced) if policy.greedy or "exact" in params.verify \
-                    else None
+                guess = stepwise_argmax(engines[name], toks, forced, cache) \
+                    if policy.greedy or "exact" in params.verify else None
                 match = None if guess is None else [int(a == t) for a, t in zip(guess, forced)]
                 if policy.greedy:
                     tw.write({"type": KIND, **common, "proposer": name, "match": match})
                 else:
-                    rows = teacher_forced(engines[name], toks, forced)
+                    rows = teacher_forced(engines[name], toks, forced, cache)
                     alpha = [round(overlap(p, process(r, policy)), 6) for p, r in zip(p_rows, rows)]
                     rec = {"type": KIND, **common, "proposer": name, "alpha": alpha}
                     if match is not None:
@@ -113,7 +116,8 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                 else:  # a lookup's own time, without a spread
                     d = {"draft_ms_by_context": [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(t["contexts"])}
                 tw.write(t | {"proposer": name, "overhead_ms": overhead} | d)
-        return {"status": "ok", "prompts": len(texts), "wall_s": time.perf_counter() - t0}
+        return {"status": "ok", "prompts": len(texts), "wall_s": time.perf_counter() - t0} | (
+            {"prompt_cache": cache.counts()} if cache else {})
     finally:
         tw.close()
         for e in engines.values():
@@ -135,11 +139,13 @@ def per_prompt(proposers: list[str], greedy: bool) -> list[str]:
     return [p for p in proposers if not greedy or parse_ngram(p) is None]
 
 
-def stepwise_argmax(engine, prompt: list[int], forced: list[int]) -> list[int]:
+def stepwise_argmax(engine, prompt: list[int], forced: list[int], cache=None) -> list[int]:
     """The draft's greedy choice at each position, decoded one token at a time along the forced output as the
-    loop's draft decodes (a batched pass rounds differently and can flip a near-tie, which the loop never sees)."""
+    loop's draft decodes (a batched pass rounds differently and can flip a near-tie, which the loop never sees).
+    cache: the run's prompt cache, for the prompt but its last token, as the loop's draft evaluates it."""
+    from harness.promptcache import evaluate_prompt
     engine.reset()
-    engine.decode(prompt[:-1], logits="none")
+    evaluate_prompt(engine, prompt[:-1], cache)
     out = [int(engine.decode([t], logits="last")[0].argmax()) for t in [prompt[-1], *forced[:-1]]]
     engine.reset()
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -118,7 +119,6 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             prepare_calibrations([i for i in instances if i.id not in skipped], run_dir, params.calibrate)
         except HarnessError:
             if not resume:
-                import shutil
                 shutil.rmtree(run_dir)  # nothing ran: leave no empty run behind
             raise
     done = {u: r for u, r in finished(run_dir).items()  # a finished unit whose trace is gone runs again
@@ -176,6 +176,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
                            f"continue with `harness bench --resume {run_dir}`", exit_code=code) from None
     md = write_reports(run_dir)
     click.echo(f"report: {md}", err=True)
+    from harness.promptcache import cache_dir
+    shutil.rmtree(cache_dir(run_dir), ignore_errors=True)  # up to ~1 GB; an interrupted run keeps it for --resume
     click.echo(f"estimated {est / 60:.1f} min, took {(time.monotonic() - started) / 60:.1f} min", err=True)
     return run_dir
 

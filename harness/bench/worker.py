@@ -17,19 +17,23 @@ from harness.rundir import PAIRED_DIR, finished, record_result, trace_file, trac
 def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path) -> dict:
     """Every prompt (times params.repeat) through one configuration. params.paired: each speculative
     generation also runs as plain decoding in this worker, alternating which goes first, into run_dir/paired: a
-    reference taken seconds apart, so the machine's drift over a long sweep cancels out of the speedup."""
+    reference taken seconds apart, so the machine's drift over a long sweep cancels out of the speedup.
+    params.prompt_cache: the models' prompts through the run's prompt cache (one request at a time only)."""
     from harness.bench.partial import UNIT, resume, timed_done
     from harness.loop import Request, check_fits
     from harness.pair import open_pair
+    from harness.promptcache import PromptCache, cache_dir
     from harness.trace import TraceWriter, discard
 
     t0 = time.perf_counter()
     max_tokens, paired = params.max_tokens, params.paired
     unit = unit_id(inst.id, round_)
     before_models = rss_bytes_now()  # Python, numpy, llama.cpp's libraries: the process before any weights
+    cache = PromptCache(cache_dir(run_dir)) if params.prompt_cache and inst.parallel == 1 else None
     pair = open_pair(inst.target, None if inst.baseline else inst.draft, inst.engine_config(params.n_ctx),
                      inst.draft_engine_config(params.n_ctx),
-                     check_alignment=False, drafting=inst.drafting)  # the sweep checked every pair up front
+                     check_alignment=False, drafting=inst.drafting,  # the sweep checked every pair up front
+                     prompt_cache=cache)
     files = {"baseline" if inst.baseline else "speculative": trace_path(run_dir, unit)}
     if paired and not inst.baseline:
         files["baseline"] = trace_path(run_dir / PAIRED_DIR, unit)
@@ -71,7 +75,7 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
                 "draft_bytes": pair.draft_engine.path.stat().st_size if pair.draft_engine else 0,
                 "target_load_ms": pair.target.load_ms,
                 "draft_load_ms": pair.draft_engine.load_ms if pair.draft_engine else 0.0,
-                "wall_s": time.perf_counter() - t0}
+                "wall_s": time.perf_counter() - t0} | ({"prompt_cache": cache.counts()} if cache else {})
     finally:
         pair.close()
 
@@ -105,7 +109,7 @@ def run_sequential(inst: Instance, pair, requests: list, files: dict, repeat: in
                                                 category=pr.category, prompt_id=pr.id, repeat=rep)
                 spec = mode == "speculative"
                 generate(pair.target, req, pol, pair.proposer if spec else None, gamma if spec else 0, tw, mode,
-                         inst.verify)
+                         inst.verify, pair.prompt_cache)
             if check:
                 plain = traces["baseline"].records[-1]["tokens"] if "baseline" in traces \
                     else plain_ref.get((pr.id, rep))

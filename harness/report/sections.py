@@ -223,6 +223,14 @@ def equivalence(eq: pl.DataFrame | None, cfg: pl.DataFrame) -> list[str]:
          "no more than that is established.", ""] if e["setup"].str.contains("parallel").any() else [])
 
 
+NOT_MEASURED = "–"
+
+
+def latency(r: dict) -> str:
+    """A row's mean latency; not measured where some generation restored its prompt (metrics.throughput)."""
+    return NOT_MEASURED if r.get("prompt_restored") else f(r["latency_ms"], ".0f")
+
+
 def per_category(sweep: pl.DataFrame) -> list[str]:
     """Three narrow tables per category: acceptance, speed, and where steps spend their time and stop."""
     lines = ["## Per category", "",
@@ -234,7 +242,7 @@ def per_category(sweep: pl.DataFrame) -> list[str]:
         for r in g.iter_rows(named=True):
             key = [r["draft_label"], r["gamma_label"], r["policy"]]
             if r["draft"] == "none":
-                speed.append(key + ["", f(r["tokens_per_s"], ".1f"), "", "", "", f(r["latency_ms"], ".0f")])
+                speed.append(key + ["", f(r["tokens_per_s"], ".1f"), "", "", "", latency(r)])
                 continue
             drafted = r["proposed"] / r["verify_steps"] if r["verify_steps"] else None
             acc.append(key + [r["proposed"], f(drafted), r["accepted"],
@@ -243,7 +251,7 @@ def per_category(sweep: pl.DataFrame) -> list[str]:
                               ci(r["alpha"], r.get("alpha_lo"), r.get("alpha_hi"), ".3f"), f(r["tokens_per_call"])])
             speed.append(key + [r.get("prompts") or "", f(r["tokens_per_s"], ".1f"), f(r["ref_tokens_per_s"], ".1f"),
                                 ci(r["speedup"], r.get("speedup_lo"), r.get("speedup_hi"), unit="x"), break_even(r),
-                                f(r["latency_ms"], ".0f")])
+                                latency(r)])
             steps.append(key + [f(r["draft_ms_per_step"], ".1f"), f(r["verify_ms_per_call"], ".1f"),
                                 f(r["overhead_ms_per_call"], ".2f"), r.get("pos_accept_prob") or "",
                                 r.get("rejected_at_steps") or "", r.get("target_conf_accept_prob") or ""])
@@ -253,6 +261,9 @@ def per_category(sweep: pl.DataFrame) -> list[str]:
                                   "accepted/step", "alpha", "tokens/call"]), ""]
         lines += [table(speed, ["draft", "gamma", "policy", "prompts", "tok/s", "plain tok/s", "speedup",
                                 "break-even", "latency ms"]), ""]
+        if any(r.get("prompt_restored") for r in g.iter_rows(named=True)):
+            lines += [f"{NOT_MEASURED}: latency not measured, a prompt was restored from the run's prompt cache "
+                      "(latency includes the prompt's evaluation; tok/s never does).", ""]
         if steps:
             lines += [table(steps, ["draft", "gamma", "policy", "draft ms/step", "verify ms/call",
                                     "overhead ms/call", "per-position", "rejections", "by target confidence"]), ""]
