@@ -1,55 +1,166 @@
-"""The time estimate's parts, from given decode costs (no model is loaded: the costs are passed in, as bench
-passes the ones it measured on the idle machine)."""
+"""The time estimate's terms, from given figures (no model is loaded: the probes and the prompts' lengths are
+passed in, as bench passes the ones it measured on the idle machine), but for the token count itself."""
+from dataclasses import replace
+
 import pytest
 
-from harness.bench.estimate import LOAD_S, replay_s, subset_s
-from harness.plan import Instance
+from harness.bench.estimate import (CHOOSE_S, MODEL_S, REPORT_S, WORKER_S, Figures, Ledger, Probe, remaining_parts,
+                                    replay_ms, subset_ms, unit_ms)
+from harness.plan import Instance, Params
 from harness.prompts import Prompt
 
-T, D = "target-model", "draft-model"
+T, T2, D = "target-model", "other-target", "draft-model"
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
 SAMPLED = GREEDY | {"temperature": 0.7, "top_p": 0.9}
-MEASURED = {(T, 2, 0): 30.0, (D, 2, 0): 10.0}  # ms of one decode, keyed (model, threads, ngl)
+# ms, keyed (model, threads, ngl): a prompt token, one decode (neither growing with the context), a further token
+# of a block (so a block of k costs 30 + 10 (k - 1) for the target, 10 + 2 (k - 1) for the draft)
+PROBES = {(T, 2, 0): Probe(5.0, 0.0, 30.0, 0.0, 10.0), (T2, 2, 0): Probe(5.0, 0.0, 30.0, 0.0, 10.0),
+          (D, 2, 0): Probe(2.0, 0.0, 10.0, 0.0, 2.0)}
+BASE, SBASE = Instance(T, "none", 0, GREEDY, 0, 0, 2), Instance(T, "none", 0, SAMPLED, 0, 0, 2)
+SPEC = Instance(T, D, 1, GREEDY, 0, 0, 2)
+PARAMS = Params(target=[T], draft=["none", D], max_tokens=32, paired=True, replay_gamma=8)
 
 
 def prompts(per_category: int, cats=("code", "creative")) -> list[Prompt]:
-    return [Prompt(f"{c}-{i}", c, text="x" * 400, max_tokens=32) for c in cats for i in range(per_category)]
+    return [Prompt(f"{c}-{i}", c, text="x" * 400, max_tokens=64) for c in cats for i in range(per_category)]
 
 
-def test_replay_costs_one_draft_decode_per_output_token_under_greedy_and_batched_passes_under_sampling(tmp_path):
-    base = Instance(T, "none", 0, GREEDY, 0, 0, 2)
-    ps = prompts(5)
-    sbase = Instance(T, "none", 0, SAMPLED, 0, 0, 2)
-    only_load = replay_s([base], [], [], 8, 32, tmp_path, dict(MEASURED))
-    greedy = replay_s([base], ps, [D], 8, 32, tmp_path, dict(MEASURED))
-    sampled = replay_s([sbase], ps, [D], 8, 32, tmp_path, dict(MEASURED))
-    g_target, s_target = (replay_s([b], ps, [], 8, 32, tmp_path, dict(MEASURED)) for b in (base, sbase))
-    assert only_load == LOAD_S  # without prompts the replay measures nothing: the target's load alone
-    # greedy: the draft decodes each of the 10 x 32 output tokens on its own, 10 ms each
-    assert greedy - g_target > 320 * 10 / 1000
-    # sampling: the draft's pass is batched, and the target needs one too (its p), which greedy does not
-    assert sampled - s_target < greedy - g_target
-    # greedy: no target pass, only its in-situ costs where the prompts' rows decode (from 100 to 132 tokens)
-    assert s_target > g_target > only_load
-    assert replay_s([base], prompts(10), [D], 8, 32, tmp_path, dict(MEASURED)) > greedy  # grows with prompts
+def figures(ps: list[Prompt]) -> Figures:
+    """Every prompt 100 tokens long under either target."""
+    return Figures(dict(PROBES), {(t, p.id): 100 for t in (T, T2) for p in ps})
 
 
-def test_timed_subset_is_costed_as_gamma_one_and_one_more_gamma_on_each_categorys_first_prompts(tmp_path):
-    insts = [Instance(T, "none", 0, GREEDY, 0, 0, 2)] + [Instance(T, D, g, GREEDY, 0, 0, 2) for g in (1, 2, 4)]
+# By hand, a greedy gamma-1 unit with its paired twin on 2 prompts of 100 tokens, 32 tokens out each, in round 0:
+#   generations: gamma 1 at alpha 0.6 is a draft decode (10) and a verify of 2 (40) for 1.6 tokens, 31.25 ms a
+#   token, and the twin's plain 30 ms: 64 x 61.25                                         = 3920
+#   prompts: the target's twice (the speculative generation and its twin), the draft's once:
+#   2 x 100 x (5 x 2 + 2)                                                                 = 2400
+#   the decode costs measured first (calibrate.in_situ), at contexts 100 and 132: each context evaluated, then 3
+#   blocks of k = 1..2 at each: target 232 x 5 + 2 x 3 x (30 + 40), draft 232 x 2 + 2 x 3 x (10 + 12) = 2176
+SPEC_MS = 3920 + 2400 + 2176
+# the plain baseline on the same prompts: 64 x 30 decodes and 2 x 100 x 5 of prompts
+BASE_MS = 64 * 30 + 1000
+
+
+def test_costs_grow_with_the_tokens_cached():
+    p = Probe(5.0, 0.01, 30.0, 0.02, 10.0)
+    assert p.prompt(100) == pytest.approx(100 * (5 + 0.01 * 50))  # positions 0..99, 50 on average
+    assert p.prompt(32, start=100) == pytest.approx(32 * (5 + 0.01 * 116))
+    assert p.blocks(3, 500) == pytest.approx([40, 50, 60])
+
+
+def test_a_unit_by_hand_and_its_load():
+    ps = prompts(1)
+    ledger = Ledger(cached=False)
+    assert unit_ms(SPEC, 0, ps, PARAMS, None, figures(ps), ledger) == pytest.approx(SPEC_MS)
+    assert ledger.load_ms == pytest.approx((WORKER_S + 2 * MODEL_S) * 1000)  # the worker, the target, the draft
+    # a later round measures no costs; a repeat evaluates each prompt again
+    assert unit_ms(SPEC, 1, ps, PARAMS, None, figures(ps), ledger) == pytest.approx(SPEC_MS - 2176)
+    assert unit_ms(SPEC, 1, ps, replace(PARAMS, repeat=2), None, figures(ps), ledger) == \
+        pytest.approx(2 * (SPEC_MS - 2176))
+
+
+def test_with_the_prompt_cache_each_model_evaluates_each_prompt_once_a_run():
+    ps = prompts(1)
+    todo = [(BASE, 0, ps), (SPEC, 0, ps)]
+    without = remaining_parts(todo, [BASE, SPEC], {}, ps, PARAMS, None, {}, figures(ps))
+    cached = remaining_parts(todo, [BASE, SPEC], {}, ps, replace(PARAMS, prompt_cache=True), None, {}, figures(ps))
+    # without: every use evaluates its prompt; the drift check runs the baseline once more
+    assert without == pytest.approx({"units": (BASE_MS + SPEC_MS) / 1000, "drift check": BASE_MS / 1000,
+                                     "worker starts and model loads": 3 * WORKER_S + 4 * MODEL_S,
+                                     "reports": REPORT_S})
+    # with: the baseline evaluates the target's prompts (1000 ms), which its speculative unit, twin and drift
+    # check restore; the draft evaluates its own once (400 ms)
+    assert cached == pytest.approx({"units": (BASE_MS + SPEC_MS - 2000) / 1000, "drift check": 1.92,
+                                    "worker starts and model loads": 3 * WORKER_S + 4 * MODEL_S,
+                                    "reports": REPORT_S})
+
+
+def test_a_drafts_prompt_states_are_shared_across_targets_and_policies():
+    ps = prompts(1)
+    fig, ledger = figures(ps), Ledger(cached=True)
+    for inst in (SPEC, replace(SPEC, target=T2), replace(SPEC, policy=SAMPLED)):
+        cfg = inst.draft_engine_config(PARAMS.n_ctx)
+        assert ledger.prompts_ms(fig, D, cfg, inst.target, ps) == (400 if inst is SPEC else 0)
+    # each target's own
+    assert ledger.prompts_ms(fig, T2, SPEC.engine_config(2048), T2, ps) == 1000
+    # a batched unit (--parallel) goes without the cache: every use
+    assert ledger.prompts_ms(fig, D, SPEC.draft_engine_config(2048), T, ps, uses=2, cacheable=False) == 800
+
+
+def test_prompts_are_counted_in_their_targets_own_tokens_once(smol, monkeypatch):
+    import harness.engine as engine
+    from harness.engine import Vocab, load_model
+    t = "smollm2-135m-instruct-q4_1"
+    ps = [Prompt("a", "code", messages=(("user", "Write a function that reverses a list."),)),
+          Prompt("b", "code", text="def add(a, b):\n    return a + b\n" * 20, chat=False)]
+    v = Vocab(load_model(smol, vocab_only=True))
+    loads = []
+    monkeypatch.setattr(engine, "load_model", lambda *a, **k: loads.append(a) or load_model(*a, **k))
+    fig = Figures()
+    assert [fig.tokens(t, p) for p in ps * 2] == [len(v.tokenize(p.render(v))) for p in ps * 2]
+    assert len(loads) == 1  # the target's vocabulary, once
+    assert fig.tokens(t, ps[0]) > len(v.tokenize(ps[0].messages[0][1]))  # the chat template's tokens count too
+
+
+def test_replay_by_hand_greedy_and_sampled():
+    ps = prompts(1)
+    ledger = Ledger(cached=False)
+    # greedy, 2 prompts, k = 1..9 at contexts 100 and 132: the target's measured costs 232 x 5 + 6 x 630; the
+    # draft's 232 x 2 + 6 x 162, its prompts 400 and its 64 decodes along the output 640
+    greedy = 4940 + 1436 + 400 + 640
+    assert replay_ms(BASE, ps, [D], PARAMS, figures(ps), ledger) == pytest.approx(greedy)
+    # sampling: the target's batched pass (prompts 1000, output 64 x 5), the draft's batched (400 + 64 x 2)
+    sampled = 4940 + 1320 + 1436 + 528
+    assert replay_ms(SBASE, ps, [D], PARAMS, figures(ps), ledger) == pytest.approx(sampled)
+    # llama.cpp's rule swept: the draft also decodes along the output a token at a time, from its prompt again
+    exact = replace(PARAMS, verify=["leviathan", "exact"])
+    assert replay_ms(SBASE, ps, [D], exact, figures(ps), ledger) == pytest.approx(sampled + 400 + 640)
+    assert ledger.load_ms == pytest.approx(3 * (WORKER_S + 2 * MODEL_S) * 1000)
+    # with the prompt cache each model evaluates each prompt once: the draft in the first replay, the target in
+    # its first pass
+    ledger = Ledger(cached=True)
+    assert replay_ms(BASE, ps, [D], PARAMS, figures(ps), ledger) == pytest.approx(greedy)
+    assert replay_ms(SBASE, ps, [D], PARAMS, figures(ps), ledger) == pytest.approx(sampled - 400)
+    assert replay_ms(SBASE, ps, [D], exact, figures(ps), ledger) == pytest.approx(sampled + 640 - 1000 - 400)
+
+
+def test_timed_subset_is_gamma_one_and_the_predicted_best_gamma_on_each_categorys_first_prompts():
+    insts = [BASE] + [replace(SPEC, gamma=g) for g in (1, 2, 4)]
     ps = prompts(10)
-    # By hand, n = 1: code-0 and creative-0, 2 x 32 = 64 tokens out, 2 x 400 / 4 = 200 prompt tokens. Uncalibrated
-    # costs: a decode 30 ms, verifying 2 tokens 30 x (1 + 1/3) = 40 ms, a draft decode 10 ms. Gamma 1 at alpha
-    # 0.6: a step 10 + 40 = 50 ms for 1.6 tokens, 31.25 ms a token, plus the paired plain run's 30 ms:
-    #   64 x (31.25 + 30)                        = 3920 ms
-    #   200 x 0.22 x (30 + 30 + 10) prompt passes = 3080 ms (the speculative target, its plain twin, the draft)
-    #   worker start-up                          = 2000 ms
-    # 9.0 s, twice (gamma 1 and the predicted best gamma, costed alike): 18.0 s
-    assert subset_s(insts, ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(18.0)
-    # n = 3: 192 tokens out, 600 prompt tokens: 2 x (192 x 61.25 + 600 x 15.4 + 2000) / 1000
-    assert subset_s(insts, ps, 3, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(46.0)
-    # gammas 2 and 4 add nothing: the subset is costed from the gamma-1 configurations alone
-    assert subset_s(insts[:2], ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(18.0)
-    # an n-gram lookup evaluates no prompt of its own, and its step is the verification alone (40 ms for 1.6
-    # tokens): 2 x (64 x (25 + 30) + 200 x 0.22 x (30 + 30) + 2000) / 1000
-    ngram = [insts[0], Instance(T, "ngram:3", 1, GREEDY, 0, 0, 2)]
-    assert subset_s(ngram, ps, 1, 32, True, tmp_path, dict(MEASURED)) == pytest.approx(16.32)
+    firsts = [ps[0], ps[10]]  # code-0, creative-0
+    p = replace(PARAMS, timed_subset=1)
+    ledger = Ledger(cached=False)
+    # at alpha 0.6 gamma 1 is predicted best (31.25 ms a token against 35.7 at gamma 2): one unit
+    assert subset_ms(insts, ps, p, None, figures(ps), ledger) == pytest.approx(SPEC_MS)
+    assert ledger.load_ms == pytest.approx((WORKER_S + 2 * MODEL_S) * 1000)
+    # with the cache the target evaluates each prompt once, not again for the twin
+    assert subset_ms(insts, ps, replace(p, prompt_cache=True), None, figures(ps), Ledger(cached=True)) == \
+        pytest.approx(SPEC_MS - 1000)
+    # a target whose blocks cost little more than a decode (100 + 5 (k - 1) ms): gamma 2 is predicted best (66.3
+    # ms a token against 71.9 at gamma 1), a unit of its own beside gamma 1's
+    fig = figures(ps)
+    fig.probes[(T, 2, 0)] = Probe(5.0, 0.0, 100.0, 0.0, 5.0)
+    ledger = Ledger(cached=False)
+    assert subset_ms(insts, ps, p, None, fig, ledger) == pytest.approx(
+        sum(unit_ms(replace(SPEC, gamma=g), 0, firsts, p, None, fig, Ledger(cached=False)) for g in (1, 2)))
+    assert ledger.load_ms == pytest.approx(2 * (WORKER_S + 2 * MODEL_S) * 1000)
+
+
+def test_the_parts_add_up_for_a_replayed_run_with_a_timed_subset():
+    ps = prompts(1)
+    p = replace(PARAMS, replay=True, timed_subset=1, prompt_cache=True)
+    insts = [BASE, SPEC]
+    parts = remaining_parts([(BASE, 0, ps)], insts, {}, ps, p, None, {}, figures(ps))
+    ledger = Ledger(cached=True)
+    fig = figures(ps)
+    by_hand = [unit_ms(BASE, 0, ps, p, None, fig, ledger), replay_ms(BASE, ps, [D], p, fig, ledger),
+               subset_ms(insts, ps, p, None, fig, ledger)]
+    assert list(parts) == ["units", "replay", "timed subset", "worker starts and model loads", "reports"]
+    assert list(parts.values()) == pytest.approx([x / 1000 for x in by_hand[:2]] + [by_hand[2] / 1000 + CHOOSE_S,
+                                                 ledger.load_ms / 1000, REPORT_S])
+    # no drift check beside a timed subset (its baselines ran on every prompt); the subset restores every prompt:
+    # the target's evaluated by the baseline, the draft's by the replay
+    assert parts["units"] == pytest.approx(BASE_MS / 1000)
+    assert parts["replay"] == pytest.approx((4940 + 1436 + 400 + 640) / 1000)
+    assert parts["timed subset"] == pytest.approx((SPEC_MS - 2400) / 1000 + CHOOSE_S)

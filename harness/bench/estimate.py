@@ -1,140 +1,310 @@
-"""How long a sweep will take, from the run's calibrations or, without them, from a plain decode of each model
-timed once the busy-machine guard found the machine idle: an estimate is only as good as the costs it starts
-from, and a probe taken while something else runs says nothing."""
+"""How long a sweep will take, term by term as the run pays it: each worker's start and model loads, each
+prompt's evaluation (counted in the target's own tokens), the generations, the paired plain twins, the decode
+costs each worker measures before its rows. The costs come from the run's calibrations or, without them, from a
+probe of each model timed once the busy-machine guard found the machine idle: an estimate is only as good as the
+costs it starts from, and a probe taken while something else runs says nothing.
+
+The cost functions take their figures (Figures: probes and prompt lengths) and load nothing the caller has
+given them, so that a test can pass its own."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.plan import Instance, Params
 
-ALPHA_GUESS = 0.6        # acceptance assumed for the estimate; the sweep measures the real one
-PROMPT_EVAL_SHARE = 0.22  # a prompt token against a decode (1.5B on 2 CPU cores: 5.8 ms against 26; less on a GPU)
-LOAD_S = 2.0             # starting a worker and loading its models
+ALPHA_GUESS = 0.6  # acceptance assumed for the estimate; the sweep measures the real one
+CHUNK = 256  # tokens a probe evaluates as a prompt, twice: cached positions 0..CHUNK, then CHUNK..2 CHUNK
+BLOCK = 8  # the verify-sized block a probe times (gamma 7): the step from one token to a block is linear
+REPS = 3  # calibrate.in_situ's repetitions of each block
+# Measured on the 2-core Xeon VM, page cache warm: a spawned worker up to its first model (the interpreter, the
+# worker's imports, llama.cpp's backend) 0.4 s; a model loaded with a 2048-token context 0.3 s (0.5B Q4_K_M and
+# Q4_0, 1.5B F16) to 0.7 s (1.5B Q4_K_M, whose weights are repacked)
+WORKER_S = 0.4
+MODEL_S = 0.5
+# and for a default run (60 prompts): choosing the timed subset from the replay's predictions 10 s, writing the
+# reports 14 s
+CHOOSE_S = 10.0
+REPORT_S = 15.0
 
 
-def decode_ms(ref: str, threads: int, ngl: int) -> float:
-    """Median ms of a single-token decode after a short context, warm."""
+@dataclass(frozen=True)
+class Probe:
+    """A model's speed on this machine, linear in the tokens already cached (attention grows with them: on the
+    2-core VM a prompt token at position 900 costs the 1.5B 12% more than at 100, the 0.5B 30%): a prompt token
+    evaluated in a batch and one decode, at context 0 and their growth per cached token; and what each further
+    token of a verify-sized block adds to a decode."""
+    prompt_ms: float
+    prompt_growth: float
+    decode_ms: float
+    decode_growth: float
+    block_step_ms: float
+
+    def prompt(self, n: float, start: float = 0) -> float:
+        """ms of evaluating n tokens in batches after `start` cached."""
+        return n * (self.prompt_ms + self.prompt_growth * (start + n / 2))
+
+    def decode(self, context: float) -> float:
+        return self.decode_ms + self.decode_growth * context
+
+    def blocks(self, k_max: int, context: float) -> list[float]:
+        """ms of a decode of k = 1..k_max tokens (all logits) after `context` cached."""
+        return [self.decode(context) + (k - 1) * self.block_step_ms for k in range(1, k_max + 1)]
+
+
+def probe(ref: str, threads: int, ngl: int) -> Probe:
+    """Probe a model, warm: decodes after a few tokens and after 2 CHUNK (the median of 8 each), each prompt chunk
+    timed once (seconds of work), blocks after 2 CHUNK (the median of 3)."""
     import statistics
 
     from harness.engine import Engine, EngineConfig
     from harness.models.catalog import resolve
-    with Engine(resolve(ref).path, EngineConfig(n_ctx=256, n_batch=64, n_gpu_layers=ngl, threads=threads)) as e:
-        e.decode(list(range(1, 65)), logits="last")
-        times = []
-        for k in range(16):
-            t = time.perf_counter()
-            e.decode([100 + k], logits="last")
-            times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times)
+    toks = list(range(1, 2 * CHUNK + 1))
+
+    def decodes() -> float:
+        return statistics.median(_ms(e.decode, [100 + k], logits="last") for k in range(8))
+
+    with Engine(resolve(ref).path, EngineConfig(n_ctx=2 * CHUNK + 64, n_gpu_layers=ngl, threads=threads)) as e:
+        e.decode(toks[:8], logits="last")  # pages the weights in
+        decode, prompt = [(12, decodes())], []  # (mean context, ms)
+        e.trim(0)
+        for start in (0, CHUNK):
+            prompt.append(_ms(e.decode, toks[start:start + CHUNK], logits="none") / CHUNK)
+        decode.append((2 * CHUNK + 4, decodes()))
+        block = []
+        for _ in range(3):
+            e.trim(2 * CHUNK)
+            block.append(_ms(e.decode, toks[:BLOCK], logits="all"))
+    # the chunks' mean positions lie CHUNK apart; a timing's noise is no shrinking
+    prompt_growth = max(prompt[1] - prompt[0], 0.0) / CHUNK
+    (c0, d0), (c1, d1) = decode
+    decode_growth = max(d1 - d0, 0.0) / (c1 - c0)
+    return Probe(prompt[0] - prompt_growth * CHUNK / 2, prompt_growth, d0 - decode_growth * c0, decode_growth,
+                 max(statistics.median(block) - d1, 0.0) / (BLOCK - 1))
 
 
-def unit_costs(inst: Instance, run_dir: Path | None, context: float, measured: dict):
-    """costmodel.Costs for an instance: calibrated when the run has calibrations, else from measured decodes
-    (a verify of k tokens taken as 1 + (k - 1) / 3 decodes, the draft's catch-up at its decode cost)."""
+def _ms(work, *args, **kw) -> float:
+    t = time.perf_counter()
+    work(*args, **kw)
+    return (time.perf_counter() - t) * 1000
+
+
+class Figures:
+    """What estimates start from, each measured once and kept: a Probe per (model, threads, ngl), and each
+    prompt's length in its target's tokens (the chat template applied), per (target, prompt id), from the
+    target's vocabulary alone (fast to load). Given entries are used as they are."""
+
+    def __init__(self, probes: dict | None = None, lengths: dict | None = None):
+        self.probes = {} if probes is None else probes
+        self.lengths = {} if lengths is None else lengths
+        self._vocabs: dict = {}
+
+    def probe(self, ref: str, threads: int, ngl: int) -> Probe:
+        key = (ref, threads, ngl)
+        if key not in self.probes:
+            self.probes[key] = probe(ref, threads, ngl)
+        return self.probes[key]
+
+    def tokens(self, target: str, prompt) -> int:
+        key = (target, prompt.id)
+        if key not in self.lengths:
+            if target not in self._vocabs:
+                from harness.engine import Vocab, load_model
+                from harness.models.catalog import resolve
+                self._vocabs[target] = Vocab(load_model(resolve(target).path, vocab_only=True))
+            v = self._vocabs[target]
+            self.lengths[key] = len(v.tokenize(prompt.render(v)))
+        return self.lengths[key]
+
+    def describe(self) -> str:
+        """The probes taken, as a dry run reports them."""
+        return "; ".join(f"{ref}: a prompt token {p.prompt_ms:.1f} ms and a decode {p.decode_ms:.1f} ms at context 0, "
+                         f"{p.prompt_growth * 1000:.1f} and {p.decode_growth * 1000:.1f} ms more per 1000 cached; "
+                         f"{p.block_step_ms:.1f} ms a further token of a block"
+                         for (ref, _, _), p in self.probes.items()) or "none"
+
+
+class Ledger:
+    """What an estimate has counted so far, in the order the run pays it: the worker starts and model loads
+    (load_ms), and with the prompt cache the prompt states already evaluated, keyed by model and engine
+    settings as promptcache keys its files, which every later use restores in no time."""
+
+    def __init__(self, cached: bool):
+        self.cached, self.paid, self.load_ms = cached, set(), 0.0
+
+    def load(self, models: int) -> None:
+        self.load_ms += (WORKER_S + models * MODEL_S) * 1000
+
+    def prompts_ms(self, fig: Figures, model: str, cfg, target: str, prompts: list, uses: int = 1,
+                   cacheable: bool = True) -> float:
+        """ms of `model` (engine settings cfg) evaluating each prompt `uses` times: once a run with the cache
+        (where the caller goes through it: `cacheable`), else at every use."""
+        pr = fig.probe(model, cfg.resolved_threads(), cfg.n_gpu_layers)
+        total = 0.0
+        for p in prompts:
+            n = uses
+            if self.cached and cacheable:
+                n = int((model, cfg, p.id) not in self.paid)
+                self.paid.add((model, cfg, p.id))
+            total += n * pr.prompt(fig.tokens(target, p))
+        return total
+
+
+def in_situ_ms(p: Probe, contexts: tuple[int, ...], k_max: int) -> float:
+    """calibrate.in_situ for one model: each context's text evaluated, then REPS blocks of k = 1..k_max after it."""
+    return sum(p.prompt(c) + REPS * sum(p.blocks(k_max, c)) for c in contexts)
+
+
+def unit_costs(inst: Instance, run_dir: Path | None, context: float, fig: Figures):
+    """costmodel.Costs for an instance: calibrated when the run has calibrations, else from the probes (a
+    verification of k tokens linear in k, from the probe's decode and block, at `context`)."""
     from harness.calibrate import costs_at
     from harness.costmodel import Costs
     from harness.engine import EngineConfig
-    from harness.pair import parse_ngram
     threads = EngineConfig(threads=inst.threads).resolved_threads()
-    draft = None if inst.baseline or parse_ngram(inst.draft) is not None else inst.draft
+    draft = _draft_model(inst)
     c = costs_at(run_dir / "calibration", inst.target, draft, threads, inst.ngl, inst.ngl_draft, context) \
         if run_dir else None  # a run not started yet has no calibrations
     if c is not None:
         return c
-    t1 = _measured(measured, inst.target, threads, inst.ngl)
-    d1 = _measured(measured, draft, threads, inst.ngl_draft) if draft else 0.0
-    return Costs([t1 * (1 + k / 3) for k in range(17)], d1)
+    d1 = fig.probe(draft, threads, inst.ngl_draft).decode(context) if draft else 0.0
+    return Costs(fig.probe(inst.target, threads, inst.ngl).blocks(max(17, inst.gamma + 1), context), d1)
 
 
-def _measured(measured: dict, ref: str, threads: int, ngl: int) -> float:
-    key = (ref, threads, ngl)
-    if key not in measured:
-        measured[key] = decode_ms(ref, threads, ngl)
-    return measured[key]
+def _draft_model(inst: Instance) -> str | None:
+    from harness.pair import parse_ngram
+    return None if inst.baseline or parse_ngram(inst.draft) is not None else inst.draft
 
 
-def _sizes(prompts: list, max_tokens: int, repeat: int) -> tuple[int, int]:
-    """Generated and prompt tokens (prompts guessed at 4 characters a token) over `prompts`, `repeat` times."""
-    n_tok = sum(max_tokens or p.max_tokens for p in prompts) * repeat
-    n_prompt = sum(len(p.text or " ".join(c for _, c in p.messages)) // 4 for p in prompts) * repeat
-    return n_tok, n_prompt
-
-
-def estimate_s(units: list[tuple[Instance, list]], max_tokens: int, repeat: int, paired: bool,
-               run_dir: Path | None, measured: dict | None = None) -> float:
-    """Seconds for the given (instance, prompts) units: generation at the cost model's speed at ALPHA_GUESS (plain
-    for adaptive gamma), prompt evaluation, the paired plain runs, worker start-up."""
-    from harness.costmodel import expected_tokens
-    measured = {} if measured is None else measured
-    total = 0.0
-    for inst, prompts in units:
-        if not prompts:
-            continue
-        n_tok, n_prompt = _sizes(prompts, max_tokens, repeat)
-        c = unit_costs(inst, run_dir, n_prompt / len(prompts) / repeat + n_tok / len(prompts) / repeat / 2, measured)
-        plain_tok = c.target_ms[0]
-        g = inst.gamma
-        per_tok = plain_tok if inst.baseline or inst.adaptive else c.step_ms(g, ALPHA_GUESS) / expected_tokens(
-            ALPHA_GUESS, g)
-        runs = 1 + (paired and not inst.baseline)
-        # the prompt through the target once per run, and through the draft model (a lookup has none) at its cost
-        total += n_tok * (per_tok + (runs - 1) * plain_tok) + n_prompt * PROMPT_EVAL_SHARE * (
-            runs * plain_tok + c.draft_ms) + LOAD_S * 1000
-    return total / 1000
-
-
-def replay_s(bases: list[Instance], prompts: list, models: list[str], gamma_max: int, max_tokens: int,
-             run_dir: Path | None, measured: dict | None = None) -> float:
-    """Seconds for the replay of each baseline: per prompt, the target's teacher-forced pass (sampling only) and
-    each draft model's (greedy: a token at a time, as the loop decodes; sampling: batched); beside them, each
-    model's decode costs where its rows decode (calibrate.spanned_contexts; 3 repetitions of k = 1..gamma_max + 1)."""
+def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path | None, fig: Figures,
+            ledger: Ledger) -> float:
+    """One timed unit (bench.worker.run_instance), its load in the ledger: per prompt and repeat, the prompt
+    through the target (and its paired plain twin) and the draft model, the generation at the cost model's
+    speed at ALPHA_GUESS (plain for a baseline or adaptive gamma) and the twin's plain one; in round 0 a
+    speculative unit first measures its decode costs (worker.measure_costs)."""
     from harness.calibrate import spanned_contexts
-    from harness.engine import EngineConfig
+    from harness.costmodel import expected_tokens
+    if not prompts:
+        return 0.0
+    draft = _draft_model(inst)
+    n_in = [fig.tokens(inst.target, p) for p in prompts]
+    n_out = [params.max_tokens or p.max_tokens for p in prompts]
+    c = unit_costs(inst, run_dir, _context(inst.target, prompts, params, fig), fig)
+    plain, g = c.target_ms[0], inst.gamma
+    per_tok = plain if inst.baseline or inst.adaptive else c.step_ms(g, ALPHA_GUESS) / expected_tokens(ALPHA_GUESS, g)
+    twin = params.paired and not inst.baseline
+    cacheable = inst.parallel == 1  # the worker batches several sequences without the cache
+    cfg, dcfg = inst.engine_config(params.n_ctx), inst.draft_engine_config(params.n_ctx)
+    ms = sum(n_out) * params.repeat * (per_tok + twin * plain)
+    ms += ledger.prompts_ms(fig, inst.target, cfg, inst.target, prompts, params.repeat * (1 + twin), cacheable)
+    if draft:
+        ms += ledger.prompts_ms(fig, draft, dcfg, inst.target, prompts, params.repeat, cacheable)
+    if not inst.baseline and round_ == 0:
+        ctxs = spanned_contexts(n_in, [a + b for a, b in zip(n_in, n_out)], g + 1)
+        threads = cfg.resolved_threads()
+        ms += in_situ_ms(fig.probe(inst.target, threads, inst.ngl), ctxs, g + 1)
+        if draft:
+            ms += in_situ_ms(fig.probe(draft, threads, inst.ngl_draft), ctxs, g + 1)
+    ledger.load(1 + bool(draft))
+    return ms
+
+
+def _context(target: str, prompts: list, params: Params, fig: Figures) -> float:
+    """The tokens cached where a unit's rows decode, on average: each prompt and half its output."""
+    return sum(fig.tokens(target, p) + (params.max_tokens or p.max_tokens) / 2 for p in prompts) / len(prompts)
+
+
+def units_s(units: list[tuple[Instance, int, list]], params: Params, run_dir: Path | None, fig: Figures,
+            ledger: Ledger | None = None) -> float:
+    """Seconds for the given (instance, round, prompts) units, loads included."""
+    ledger = ledger or Ledger(params.prompt_cache)
+    before = ledger.load_ms
+    ms = sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in units)
+    return (ms + ledger.load_ms - before) / 1000
+
+
+def replay_ms(base: Instance, prompts: list, models: list[str], params: Params, fig: Figures,
+              ledger: Ledger) -> float:
+    """One baseline's replay (bench.replay.replay_unit), its load in the ledger: per prompt, the target's
+    batched pass along the output (sampling only) and each draft model's (greedy, or llama.cpp's rule swept:
+    a token at a time; sampling: batched, besides); then each model's decode costs where the prompts' rows
+    decode (calibrate.spanned_contexts, k = 1..replay_gamma + 1)."""
+    from harness.calibrate import spanned_contexts
     from harness.sampling import Policy
-    measured = {} if measured is None else measured
-    n_tok, n_prompt = _sizes(prompts, max_tokens, 1)
-    lens = [_sizes([p], max_tokens, 1) for p in prompts]
-    ctxs = spanned_contexts([n for _, n in lens], [n + t for t, n in lens], gamma_max + 1) if prompts else ()
-    in_situ = sum(ctxs) * PROMPT_EVAL_SHARE + len(ctxs) * 3 * sum(1 + k / 3 for k in range(gamma_max + 1))
-    total = 0.0
-    for base in bases:
-        greedy = Policy(**base.policy).greedy
-        threads = EngineConfig(threads=base.threads).resolved_threads()
-        total += _measured(measured, base.target, threads, base.ngl) * (
-            in_situ + (0 if greedy else (n_prompt + n_tok) * PROMPT_EVAL_SHARE))
-        for m in models:
-            passes = n_prompt * PROMPT_EVAL_SHARE + (n_tok if greedy else n_tok * PROMPT_EVAL_SHARE)
-            total += _measured(measured, m, threads, base.ngl_draft) * (in_situ + passes)
-        total += LOAD_S * 1000 * (1 + len(models))
-    return total / 1000
+    if not prompts:
+        ledger.load(1 + len(models))
+        return 0.0
+    greedy = Policy(**base.policy).greedy
+    stepwise = greedy or "exact" in params.verify
+    cfg = base.engine_config(params.n_ctx)
+    dcfg = replace(cfg, n_gpu_layers=params.ngl_draft[0], cache_k=params.cache_type_k_draft[0],
+                   cache_v=params.cache_type_v_draft[0])  # as replay_unit opens every draft model
+    threads, k_max = cfg.resolved_threads(), params.replay_gamma + 1
+    sizes = [(fig.tokens(base.target, p), params.max_tokens or p.max_tokens) for p in prompts]  # prompt, output
+    ctxs = spanned_contexts([n for n, _ in sizes], [n + o for n, o in sizes], k_max)
+    t = fig.probe(base.target, threads, base.ngl)
+    ms = in_situ_ms(t, ctxs, k_max)
+    if not greedy:
+        ms += ledger.prompts_ms(fig, base.target, cfg, base.target, prompts) + sum(t.prompt(o, n) for n, o in sizes)
+    for m in models:
+        d = fig.probe(m, threads, dcfg.n_gpu_layers)
+        ms += in_situ_ms(d, ctxs, k_max) + ledger.prompts_ms(fig, m, dcfg, base.target, prompts,
+                                                             stepwise + (not greedy))
+        ms += sum(stepwise * o * d.decode(n + o / 2) + (not greedy) * d.prompt(o, n) for n, o in sizes)
+    ledger.load(1 + len(models))
+    return ms
 
 
-def subset_s(instances: list[Instance], prompts: list, n: int, max_tokens: int, paired: bool,
-             run_dir: Path | None, measured: dict | None = None) -> float:
-    """At most how long the timed subset takes (bench.subset.choose picks it after the replay): per proposer
-    and policy, gamma 1 and the predicted best gamma (costed as gamma 1), on each category's first n prompts."""
+def subset_ms(instances: list[Instance], prompts: list, params: Params, run_dir: Path | None, fig: Figures,
+              ledger: Ledger) -> float:
+    """The timed subset (bench.subset.choose picks it after the replay), each a unit on each category's first
+    timed_subset prompts: per proposer and policy, gamma 1, and the gamma the cost model predicts best at
+    ALPHA_GUESS where that is not 1. The replay predicts each category's own: a category whose best gamma
+    differs adds a unit on its prompts alone, which this does not see (on the 2-core EPYC VM, 5 of 36 in a
+    default run, with a fifth of the subset's time)."""
     from harness.bench.subset import first_prompts
-    chosen = [p for ps in first_prompts(prompts, n).values() for p in ps]
-    ones = [i for i in instances if not i.baseline and not i.adaptive and i.gamma == 1]
-    return 2 * estimate_s([(i, chosen) for i in ones], max_tokens, 1, paired, run_dir, measured)
+    from harness.costmodel import best_speculative
+    chosen = [p for ps in first_prompts(prompts, params.timed_subset).values() for p in ps]
+    ms = 0.0
+    for i in instances:
+        if i.baseline or i.adaptive or i.gamma != 1 or not chosen:
+            continue
+        c = unit_costs(i, run_dir, _context(i.target, chosen, params, fig), fig)
+        best = best_speculative(ALPHA_GUESS, c, min(params.replay_gamma, len(c.target_ms) - 1))
+        ms += sum(unit_ms(replace(i, gamma=g), 0, chosen, params, run_dir, fig, ledger)
+                  for g in dict.fromkeys((best, 1)))
+    return ms
 
 
-def remaining_s(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict, prompts: list,
-                params: Params, run_dir: Path | None, plan: dict, measured: dict) -> float:
-    """Seconds for what is left of a run: the units to run (configuration, round, prompts), the replay of the
-    baselines not yet replayed, the timed subset if the replay has not chosen it yet. run_dir None: a run not
-    started yet."""
+def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict,
+                    prompts: list, params: Params, run_dir: Path | None, plan: dict, fig: Figures) -> dict[str, float]:
+    """Seconds for what is left of a run, by part, in the order the run goes: the units to run
+    (configuration, round, prompts), the replay of the baselines not yet replayed, the timed subset if the
+    replay has not chosen it yet, the closing baselines (drift check) of a run without one; the worker starts
+    and model loads of all of them; the reports. run_dir None: a run not started yet. A resumed run's prompts
+    are costed as not yet cached."""
     from harness.bench.replay import proposers
     from harness.pair import parse_ngram
-    from harness.rundir import REPLAY_DIR, finished
-    est = estimate_s([(i, p) for i, _, p in todo], params.max_tokens, params.repeat, params.paired, run_dir, measured)
+    from harness.rundir import DRIFT_DIR, REPLAY_DIR, finished
+    ledger = Ledger(params.prompt_cache)
+    parts = {"units": sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo)}
     live = [i for i in instances if i.id not in skipped]
     if params.replay:
         done = finished(run_dir / REPLAY_DIR) if run_dir else {}
         bases = [i for i in live if i.baseline and done.get(i.id, {}).get("status") != "ok"]
-        models = [p for p in proposers(instances, params) if parse_ngram(p) is None]
-        est += replay_s(bases, prompts, models, params.replay_gamma, params.max_tokens, run_dir, measured)
+        parts["replay"] = sum(replay_ms(b, prompts, [m for m in proposers(instances, params, b)
+                                                     if parse_ngram(m) is None], params, fig, ledger) for b in bases)
     if params.timed_subset and "timed" not in plan:
-        est += subset_s(live, prompts, params.timed_subset, params.max_tokens, params.paired, run_dir, measured)
-    return est
+        parts["timed subset"] = subset_ms(live, prompts, params, run_dir, fig, ledger) + CHOOSE_S * 1000
+    if not params.timed_subset and any(not i.baseline for i in live):
+        done = finished(run_dir / DRIFT_DIR) if run_dir else {}
+        parts["drift check"] = sum(unit_ms(i, 0, prompts, params, run_dir, fig, ledger) for i in live
+                                   if i.baseline and done.get(i.id, {}).get("status") != "ok")
+    return {k: v / 1000 for k, v in parts.items()} | {"worker starts and model loads": ledger.load_ms / 1000,
+                                                      "reports": REPORT_S}
+
+
+def remaining_s(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict, prompts: list,
+                params: Params, run_dir: Path | None, plan: dict, fig: Figures) -> float:
+    return sum(remaining_parts(todo, instances, skipped, prompts, params, run_dir, plan, fig).values())

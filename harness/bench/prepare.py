@@ -14,6 +14,7 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
               n_ctx: int = 2048) -> dict[str, str]:
     """Refuse what cannot run before anything runs. Returns instance ids to record as skipped, with why."""
     from harness.align import require_aligned
+    from harness.bench.memory import check_memory
     from harness.engine import GPU_BUILD_HINT, gpu_offload_supported
     from harness.models.catalog import load_catalog, require_present, resolve
     from harness.pair import parse_ngram
@@ -35,6 +36,7 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
             raise HarnessError(f"--ngl/--ngl-draft above 0 asks for GPU offload, but {GPU_BUILD_HINT} "
                                "(or pass --skip-unsupported to record those configurations as skipped)")
         skipped = {i.id: "GPU offload requested but this build has none" for i in gpu}
+    check_memory([i for i in instances if i.id not in skipped], n_ctx)
     checked = set()
     for i in instances:
         if i.baseline or parse_ngram(i.draft) is not None or (i.target, i.draft) in checked:

@@ -17,7 +17,7 @@ import click
 from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
 from harness.bench import noise
 from harness.bench.budget import Fit, fit
-from harness.bench.estimate import estimate_s, remaining_s
+from harness.bench.estimate import Figures, remaining_parts, remaining_s, units_s
 from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
 from harness.errors import HarnessError
@@ -86,9 +86,9 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
     first = [by_id[i] for i in rounds[0]]
     skipped = preflight(instances, first, skip_unsupported, params.max_tokens, params.n_ctx)
     idle = noise.idle_check(params.busy_threshold, allow_busy)  # before anything is timed, calibration included
-    measured: dict = {}  # each model's plain decode, timed once: what the estimates start from
+    figures = Figures()  # each model's probe, timed once, and the prompts' lengths: what the estimates start from
     if not resume:
-        fitted = _fit(params, skipped, measured)
+        fitted = _fit(params, skipped, figures)
         if fitted.cuts:  # the run as cut to fit its budget
             params, first = fitted.params, first_round(fitted.params)
             instances, pool = expand(params), prompt_pool(params) if params.until_confident else first
@@ -96,7 +96,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         if line := budget_line(fitted.record()):
             click.echo(line, err=True)
         if dry_run:
-            _dry_run(instances, skipped, first, params, fitted, measured)
+            _dry_run(instances, skipped, first, params, fitted, figures)
             return None
         run_dir = new_run_dir(out_root / RUNS_DIR)
         locks.append(lock_run(run_dir))
@@ -143,10 +143,10 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
                 todo.append((i, r, [by_id[x] for x in ids]))
     click.echo(f"run directory: {run_dir}", err=True)
     click.echo(_plan_line(instances, skipped, first, params, len(todo), not resume), err=True)
-    est = remaining_s(todo, instances, skipped, first, params, run_dir, plan, measured) if resume \
+    est = remaining_s(todo, instances, skipped, first, params, run_dir, plan, figures) if resume \
         else fitted.estimate_after_s
     calibrated = resume and (run_dir / "calibration").is_dir() and any((run_dir / "calibration").iterdir())
-    click.echo(_estimate_line(est, params, "the calibrations" if calibrated else DECODES), err=True)
+    click.echo(_estimate_line(est, params, "the calibrations and probes" if calibrated else DECODES), err=True)
     try:
         _run_units(todo, params, run_dir)
         if params.replay:
@@ -160,7 +160,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             _run_units([(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]],
                        params, run_dir)
         if params.until_confident:
-            _until_confident(instances, skipped, pool, rounds, params, run_dir, plan)
+            _until_confident(instances, skipped, pool, rounds, params, run_dir, plan, figures)
         if not params.timed_subset:  # the timed subset is paired; its baselines ran on every prompt
             _closing_baselines(instances, skipped, first, params, run_dir)
         _target_fidelity(params, first, run_dir)
@@ -223,15 +223,19 @@ def _first_pass(instances: list[Instance], skipped: dict, params: Params) -> lis
     return [i for i in instances if i.id not in skipped and (i.baseline or not params.timed_subset)]
 
 
-def _fit(params: Params, skipped: dict, measured: dict) -> Fit:
+def _fit(params: Params, skipped: dict, figures: Figures) -> Fit:
     """A new run's parameters cut to fit its budget (bench.budget), estimated as a resumed run's remainder is."""
-    def cost(p: Params) -> float:
-        prompts = first_round(p)
-        instances = expand(p)
-        todo = [(i, 0, prompts) for i in _first_pass(instances, skipped, p)]
-        return remaining_s(todo, instances, skipped, prompts, p, None, {}, measured)
     pool = prompt_pool(params)
-    return fit(params, cost, max(Counter(p.category for p in pool).values()), max(p.max_tokens for p in pool))
+    return fit(params, lambda p: sum(_new_run_parts(p, skipped, figures).values()),
+               max(Counter(p.category for p in pool).values()), max(p.max_tokens for p in pool))
+
+
+def _new_run_parts(p: Params, skipped: dict, figures: Figures) -> dict[str, float]:
+    """A new run's estimate by part (estimate.remaining_parts)."""
+    prompts = first_round(p)
+    instances = expand(p)
+    todo = [(i, 0, prompts) for i in _first_pass(instances, skipped, p)]
+    return remaining_parts(todo, instances, skipped, prompts, p, None, {}, figures)
 
 
 def _plan_line(instances: list[Instance], skipped: dict, prompts: list, params: Params, units: int,
@@ -250,7 +254,7 @@ def _plan_line(instances: list[Instance], skipped: dict, prompts: list, params: 
     return line
 
 
-DECODES = "a plain decode of each model, timed on the idle machine"
+DECODES = "a probe of each model (a prompt evaluated, decodes), timed on the idle machine"
 
 
 def _estimate_line(est_s: float, params: Params, source: str) -> str:
@@ -259,13 +263,13 @@ def _estimate_line(est_s: float, params: Params, source: str) -> str:
 
 
 def _dry_run(instances: list[Instance], skipped: dict, prompts: list, params: Params, fitted: Fit,
-             measured: dict) -> None:
+             figures: Figures) -> None:
     click.echo(_plan_line(instances, skipped, prompts, params, len(_first_pass(instances, skipped, params))),
                err=True)
-    click.echo(_estimate_line(fitted.estimate_after_s, params, DECODES), err=True)
-    decodes = ", ".join(f"{ref} {ms:.1f} ms" for (ref, _, _), ms in measured.items())
-    click.echo(f"dry run: timed a plain decode of each model for the estimate ({decodes or 'none'}); nothing else "
-               "ran, and no run directory was made", err=True)
+    parts = ", ".join(f"{k} {s / 60:.1f} min" for k, s in _new_run_parts(params, skipped, figures).items())
+    click.echo(f"{_estimate_line(fitted.estimate_after_s, params, DECODES)}: {parts}", err=True)
+    click.echo(f"dry run: probed each model for the estimate ({figures.describe()}); nothing else ran, and no run "
+               "directory was made", err=True)
 
 
 def asked_share(inst: Instance) -> float | None:
@@ -333,7 +337,7 @@ def spent_s(run_dir: Path) -> float:
 
 
 def _until_confident(instances: list[Instance], skipped: dict, pool: list, rounds: list[list[str]], params: Params,
-                     run_dir: Path, plan: dict) -> None:
+                     run_dir: Path, plan: dict, figures: Figures) -> None:
     """Rounds of one more prompt per category whose verdict is open, until all settle, the budget is spent, or
     those categories have no prompts left; the plan records each round before it runs and the outcome after."""
     from harness.report.tables import compute
@@ -357,7 +361,7 @@ def _until_confident(instances: list[Instance], skipped: dict, pool: list, round
             break
         r = len(rounds)
         units = [(i, r, add) for i in instances if i.id not in skipped]
-        est = estimate_s([(i, p) for i, _, p in units], params.max_tokens, params.repeat, params.paired, run_dir)
+        est = units_s(units, params, run_dir, figures)
         if params.budget_min and spent_s(run_dir) + est > params.budget_min * 60:
             stopped = "budget"
             break
