@@ -214,7 +214,7 @@ def check(target, draft, prompts_path, as_json):
                                                  "unreliable.")
 @click.option("--rerun-busy", is_flag=True, help="With --resume: measure again what ran on a busy machine.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, the time estimate and what the budget cut, then stop "
-                                              "(times a plain decode of each model; runs nothing else).")
+                                              "(probes each model's prompt and decode costs; runs nothing else).")
 def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_run, **opts):
     """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
     from pathlib import Path

@@ -42,9 +42,11 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
 
 def _summary(plan: dict) -> str:
     s, p = plan.get("system", {}), plan.get("params", {})
-    targets = ", ".join(p.get("target", []))
-    drafts = ", ".join(d for d in p.get("draft", []) if d != "none")
-    return (f"Target {targets}; drafts {drafts or 'none'}; gamma {', '.join(map(str, p.get('gamma', [])))}; "
+    sweeps = [p, *p.get("also", [])]  # a further sweep's lists replace the main one's, the rest inherited
+    targets = ", ".join(dict.fromkeys(t for q in sweeps for t in q.get("target", p.get("target", []))))
+    drafts = ", ".join(dict.fromkeys(d for q in sweeps for d in q.get("draft", p.get("draft", [])) if d != "none"))
+    return (f"Target{'s' * (', ' in targets)} {targets}; drafts {drafts or 'none'}; "
+            f"gamma {', '.join(map(str, p.get('gamma', [])))}; "
             f"{s.get('cpu', 'unknown CPU')}, {s.get('cores_physical')} cores, {s.get('backend', '')}; "
             f"{s.get('date', '')}.")
 

@@ -67,6 +67,15 @@ def settle(r: dict) -> str:
     return ""
 
 
+def per_target(frame: pl.DataFrame, lines_of) -> list[str]:
+    """lines_of(frame), or, where the run has several targets, lines_of each target's part under its name: the
+    same category, policy and proposer recur with each target, and a column of long names would widen the table."""
+    if "target" not in frame.columns or frame["target"].n_unique() < 2:
+        return lines_of(frame)
+    return [x for t in frame["target"].unique(maintain_order=True)
+            for x in [f"Target `{t}`:", "", *lines_of(frame.filter(pl.col("target") == t))]]
+
+
 def verdict_section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
     """The verdicts predicted from every prompt: the first table of a run with a replay."""
     r, v = data.get("replay"), data.get("replay_verdicts")
@@ -74,10 +83,13 @@ def verdict_section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
         return []
     gm = int(r["gamma"].max())
     gain = f"{v['min_gain'][0]:.0%}"
-    vrows = [[x["category"], x["policy"], f"{x['proposer']} g={'auto<=' if x['adaptive'] else ''}{x['gamma']}",
-              ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"],
-              x["prompts"], settle(x), confirmation(x)]
-             for x in v.iter_rows(named=True)]
+
+    def vtable(v: pl.DataFrame) -> list[str]:
+        rows = [[x["category"], x["policy"], f"{x['proposer']} g={'auto<=' if x['adaptive'] else ''}{x['gamma']}",
+                 ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"],
+                 x["prompts"], settle(x), confirmation(x)] for x in v.iter_rows(named=True)]
+        return [table(rows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
+                             "settled by", "timed run"]), ""]
     return ["## Predicted from every prompt (replay)", "",
             "Each plain baseline's outputs were teacher-forced through every draft (and the n-gram proposals "
             "recomputed from the same contexts): under greedy decoding (and llama.cpp's exact rule, whose outputs "
@@ -92,8 +104,7 @@ def verdict_section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
             "verdict with 80% probability. Timed run: the named configuration, timed; confirmed when its interval "
             "lies on the verdict's side of its bar, CONTRADICTED when it lies wholly on the other side, consistent "
             "otherwise (for an open verdict, when the two intervals meet).",
-            "", table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
-                              "settled by", "timed run"]), ""]
+            "", *per_target(v, vtable)]
 
 
 def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
@@ -115,86 +126,103 @@ def _adaptive(r: pl.DataFrame) -> list[str]:
     auto = r.filter(pl.col("adaptive"))
     if not len(auto):
         return []
-    rows = []
-    for x in auto.iter_rows(named=True):
-        fixed = r.filter(~pl.col("adaptive") & (pl.col("base") == x["base"]) & (pl.col("category") == x["category"])
-                         & (pl.col("proposer") == x["proposer"])).sort("speedup", descending=True).row(0, named=True)
-        bar = max(fixed["speedup"], 1.0)
-        rows.append([x["category"], x["proposer"], ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
-                     f"{fixed['gamma']}: " + ci(fixed["speedup"], fixed["speedup_lo"], fixed["speedup_hi"], unit="x"),
-                     f(x["speedup"] / bar, ".2f")])
+
+    def rows(auto: pl.DataFrame) -> list[str]:
+        out = []
+        for x in auto.iter_rows(named=True):
+            fixed = r.filter(~pl.col("adaptive") & (pl.col("base") == x["base"])
+                             & (pl.col("category") == x["category"]) & (pl.col("proposer") == x["proposer"])
+                             ).sort("speedup", descending=True).row(0, named=True)
+            bar = max(fixed["speedup"], 1.0)
+            out.append([x["category"], x["proposer"], ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
+                        f"{fixed['gamma']}: " + ci(fixed["speedup"], fixed["speedup_lo"], fixed["speedup_hi"],
+                                                   unit="x"),
+                        f(x["speedup"] / bar, ".2f")])
+        return [table(out, ["category", "proposer", "auto", "best fixed gamma", "auto / max(best fixed, plain)"]),
+                ""]
     return ["### Adaptive gamma (greedy, replayed)", "",
             "The controller (`--gamma auto`) run over the replayed acceptances with the measured costs, choosing "
             "gamma per step up to the replay's largest (0: a plain step), against the best fixed gamma and plain "
-            "decoding (1.00x); its goal is to be within 5% of the better of the two.", "",
-            table(rows, ["category", "proposer", "auto", "best fixed gamma", "auto / max(best fixed, plain)"]), ""]
+            "decoding (1.00x); its goal is to be within 5% of the better of the two.", "", *per_target(auto, rows)]
 
 
 def _acceptance(r: pl.DataFrame) -> list[str]:
     """Acceptance depends on the models, the prompts and the policy only: not on this machine."""
-    rows = []
-    for (cat, pol, prop), g in r.group_by(["category", "policy", "proposer"], maintain_order=True):
-        by = {x["gamma"]: x for x in g.iter_rows(named=True)}
-        rows.append([cat, pol, prop, by[1]["kind"], ci(by[1]["alpha"], by[1]["alpha_lo"], by[1]["alpha_hi"], ".3f")]
-                    + [ci(by[k]["mean_accepted_len"], by[k]["mean_accepted_len_lo"], by[k]["mean_accepted_len_hi"])
-                       if k in by else "" for k in SHOWN_GAMMAS])
+    def rows(r: pl.DataFrame) -> list[str]:
+        out = []
+        for (cat, pol, prop), g in r.group_by(["category", "policy", "proposer"], maintain_order=True):
+            by = {x["gamma"]: x for x in g.iter_rows(named=True)}
+            out.append([cat, pol, prop, by[1]["kind"], ci(by[1]["alpha"], by[1]["alpha_lo"], by[1]["alpha_hi"],
+                                                          ".3f")]
+                       + [ci(by[k]["mean_accepted_len"], by[k]["mean_accepted_len_lo"], by[k]["mean_accepted_len_hi"])
+                          if k in by else "" for k in SHOWN_GAMMAS])
+        return [table(out, ["category", "policy", "proposer", "kind", "alpha"]
+                      + [f"accepted/step g={k}" for k in SHOWN_GAMMAS]), ""]
     return ["### Acceptance (models, prompts and policy only)", "",
             "alpha: per position (greedy: the rate at which the draft's proposal matches the output); mean accepted "
             "drafts per verification step at gamma 1, 2, 4, 8. Exact under greedy, expected under sampling.", "",
-            table(rows, ["category", "policy", "proposer", "kind", "alpha"] + [f"accepted/step g={k}"
-                                                                              for k in SHOWN_GAMMAS]), ""]
+            *per_target(r, rows)]
 
 
 def _costs(c: pl.DataFrame | None) -> list[str]:
     """Cost depends on this machine only: the target's verification blocks against one decode, the draft's."""
     if c is None or not len(c):
         return []
-    rows = []
-    for x in c.iter_rows(named=True):
-        for ctx, t, d in zip(x["contexts"], x["target_ms_by_context"], x["draft_ms_by_context"]):
-            rows.append([x["policy"], x["proposer"], ctx, f(t[0], ".1f")]
-                        + [f(t[k - 1] / t[0], ".2f") + "x" if k <= len(t) else "" for k in (2, 3, 5, 9)]
-                        + [f(d[0], ".2f") if d else ""])
+    def rows(c: pl.DataFrame) -> list[str]:
+        out = []
+        for x in c.iter_rows(named=True):
+            for ctx, t, d in zip(x["contexts"], x["target_ms_by_context"], x["draft_ms_by_context"]):
+                out.append([x["policy"], x["proposer"], ctx, f(t[0], ".1f")]
+                           + [f(t[k - 1] / t[0], ".2f") + "x" if k <= len(t) else "" for k in (2, 3, 5, 9)]
+                           + [f(d[0], ".2f") if d else ""])
+        return [table(out, ["policy", "proposer", "cached tokens", "target ms", "k=2", "k=3", "k=5", "k=9",
+                            "draft ms"]), ""]
     return ["### Cost (this machine only)", "",
             "Measured beside the replay, with the prompts' own text in the cache: one target decode, a verification "
             "block of k tokens against it, and one draft decode (an n-gram lookup's own time).", "",
-            table(rows, ["policy", "proposer", "cached tokens", "target ms", "k=2", "k=3", "k=5", "k=9",
-                         "draft ms"]), ""]
+            *per_target(c, rows)]
 
 
 def _speedup(r: pl.DataFrame) -> list[str]:
-    rows = []
-    for (cat, pol, prop), g in r.group_by(["category", "policy", "proposer"], maintain_order=True):
-        best = g.sort("speedup", descending=True).row(0, named=True)
-        one = g.filter(pl.col("gamma") == 1).row(0, named=True)
-        rows.append([cat, pol, prop, best["gamma"], ci(best["speedup"], best["speedup_lo"], best["speedup_hi"],
-                                                      unit="x"),
-                     ci(one["speedup"], one["speedup_lo"], one["speedup_hi"], unit="x")])
-    return ["### Predicted speedup (acceptance and cost combined)", "", table(
-        rows, ["category", "policy", "proposer", "best gamma", "at best gamma", "at gamma 1"]), ""]
+    def rows(r: pl.DataFrame) -> list[str]:
+        out = []
+        for (cat, pol, prop), g in r.group_by(["category", "policy", "proposer"], maintain_order=True):
+            best = g.sort("speedup", descending=True).row(0, named=True)
+            one = g.filter(pl.col("gamma") == 1).row(0, named=True)
+            out.append([cat, pol, prop, best["gamma"], ci(best["speedup"], best["speedup_lo"], best["speedup_hi"],
+                                                         unit="x"),
+                        ci(one["speedup"], one["speedup_lo"], one["speedup_hi"], unit="x")])
+        return [table(out, ["category", "policy", "proposer", "best gamma", "at best gamma", "at gamma 1"]), ""]
+    return ["### Predicted speedup (acceptance and cost combined)", "", *per_target(r, rows)]
 
 
 def _rules(r: pl.DataFrame) -> list[str]:
     """Leviathan's rule beside llama.cpp's, per draft, where the replay predicted both (sampled policies)."""
     if "verify" not in r.columns or r["verify"].n_unique() < 2:
         return []
-    rows = []
-    for (cat, pol, draft), g in r.group_by(["category", "policy", "draft"], maintain_order=True):
-        rules = {v: g.filter(pl.col("verify") == v) for v in ("leviathan", "exact")}
-        if any(not len(x) for x in rules.values()):
-            continue
-        one = {v: x.filter(pl.col("gamma") == 1).row(0, named=True) for v, x in rules.items()}
-        best = {v: x.sort("speedup", descending=True).row(0, named=True) for v, x in rules.items()}
-        rows.append([cat, pol, draft] + [ci(one[v]["alpha"], one[v]["alpha_lo"], one[v]["alpha_hi"], ".3f")
-                                         for v in rules]
-                    + [f"g={best[v]['gamma']}: " + ci(best[v]["speedup"], best[v]["speedup_lo"],
-                                                      best[v]["speedup_hi"], unit="x") for v in rules])
+
+    def rows(r: pl.DataFrame) -> list[list]:
+        out = []
+        for (cat, pol, draft), g in r.group_by(["category", "policy", "draft"], maintain_order=True):
+            rules = {v: g.filter(pl.col("verify") == v) for v in ("leviathan", "exact")}
+            if any(not len(x) for x in rules.values()):
+                continue
+            one = {v: x.filter(pl.col("gamma") == 1).row(0, named=True) for v, x in rules.items()}
+            best = {v: x.sort("speedup", descending=True).row(0, named=True) for v, x in rules.items()}
+            out.append([cat, pol, draft] + [ci(one[v]["alpha"], one[v]["alpha_lo"], one[v]["alpha_hi"], ".3f")
+                                            for v in rules]
+                       + [f"g={best[v]['gamma']}: " + ci(best[v]["speedup"], best[v]["speedup_lo"],
+                                                         best[v]["speedup_hi"], unit="x") for v in rules])
+        return out
+
+    if not rows(r):
+        return []
     return ["### Verification rules (replayed)", "",
             "Acceptance per position and the best predicted speedup under Leviathan's rejection sampling (a draft "
             "sampled from q, accepted with probability sum min(p, q)) and llama.cpp's rule (the draft's top token, "
             "accepted when the target samples it: probability p of that token), from the same passes.", "",
-            table(rows, ["category", "policy", "draft", "alpha leviathan", "alpha exact", "best leviathan",
-                         "best exact"]), ""] if rows else []
+            *per_target(r, lambda r: [table(rows(r), ["category", "policy", "draft", "alpha leviathan",
+                                                      "alpha exact", "best leviathan", "best exact"]), ""])]
 
 
 def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None) -> list[str]:
@@ -203,13 +231,17 @@ def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None) -> list[str]
         return []
     ties = {} if eq is None or not len(eq) else {(r["config"], r["category"]): r["kernel_near_ties"]
                                                 for r in eq.iter_rows(named=True)}
-    rows = [[x["category"], x["policy"], x["proposer"], x["gamma"], x["timed_prompts"],
-             f(x["acceptance_rate"], ".0%"), f(x["timed_acceptance_rate"], ".0%"),
-             ties.get((x["timed_config"], x["category"]), "") if x["policy"] == "greedy" else "",
-             ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
-             ci(x["timed_speedup"], x["timed_speedup_lo"], x["timed_speedup_hi"], unit="x"),
-             f(x["speedup"] / x["timed_speedup"] - 1, "+.0%")]
-            for x in t.sort(["category", "policy", "proposer", "gamma"]).iter_rows(named=True)]
+
+    def rows(t: pl.DataFrame) -> list[str]:
+        out = [[x["category"], x["policy"], x["proposer"], x["gamma"], x["timed_prompts"],
+                f(x["acceptance_rate"], ".0%"), f(x["timed_acceptance_rate"], ".0%"),
+                ties.get((x["timed_config"], x["category"]), "") if x["policy"] == "greedy" else "",
+                ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
+                ci(x["timed_speedup"], x["timed_speedup_lo"], x["timed_speedup_hi"], unit="x"),
+                f(x["speedup"] / x["timed_speedup"] - 1, "+.0%")]
+               for x in t.sort(["category", "policy", "proposer", "gamma"]).iter_rows(named=True)]
+        return [table(out, ["category", "policy", "proposer", "gamma", "prompts", "acceptance (replayed)", "(timed)",
+                            "near-ties", "speedup (predicted)", "(measured)", "error"]), ""]
     within = sum(abs(x["speedup"] / x["timed_speedup"] - 1) <= 0.10 for x in t.iter_rows(named=True))
     meet = sum(x["speedup_lo"] is not None and x["timed_speedup_lo"] is not None
                and x["speedup_lo"] <= x["timed_speedup_hi"] and x["timed_speedup_lo"] <= x["speedup_hi"]
@@ -220,6 +252,4 @@ def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None) -> list[str]
             "ties, counted), and where the draft's own top two choices were nearly tied (the loop builds its cache "
             "in blocks of one or two tokens as acceptance falls, the replay one token at a time). Under sampling "
             "the replay gives the expectation, the timed run one draw. Speedup predicted within 10% of measured "
-            f"in {within} of {len(t)} rows; the two intervals meet in {meet}.", "",
-            table(rows, ["category", "policy", "proposer", "gamma", "prompts", "acceptance (replayed)", "(timed)",
-                         "near-ties", "speedup (predicted)", "(measured)", "error"]), ""]
+            f"in {within} of {len(t)} rows; the two intervals meet in {meet}.", "", *per_target(t, rows)]

@@ -230,7 +230,7 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
                                                   "acceptance_rate", "mean_accepted_len", "prompts")])
     pred = pred.join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="left").join(
         cfg.select(pl.col("config").alias("base"), "target", "ngl", "threads", "setup"), on="base", how="left")
-    out = {"replay": pred, "replay_costs": costs}
+    out = {"replay": pred, "replay_costs": costs.join(cfg.select("config", "target"), on="config", how="left")}
     # the replay again on the very prompts the timed runs used: what their measurements check, like for like
     is_spec = pl.col("mode") == "speculative"
     used = {} if not len(gens) else {
@@ -244,7 +244,8 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
         keep = ["base", "policy", "category", "proposer", "gamma", "adaptive", "acceptance_rate", "speedup",
                 "speedup_lo", "speedup_hi"]
         out["replay_same"] = pl.DataFrame(rows_same, infer_schema_length=None).rename({"config": "base"}).select(
-            keep).join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="inner")
+            keep).join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="inner").join(
+            cfg.select(pl.col("config").alias("base"), "target"), on="base", how="left")
     from harness.report.replayed import predicted_verdicts
     return out | {"replay_verdicts": predicted_verdicts(pred, plan.get("params", {}).get("min_gain", verdict.MIN_GAIN))}
 
