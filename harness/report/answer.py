@@ -27,13 +27,23 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
         out = []
         for r in replay.iter_rows(named=True):
             base = by_id.get(r["base"])
-            inst = None if base is None else replace(base, draft=r["draft"], gamma=r["gamma"],
-                                                     adaptive=r["adaptive"], verify=r["verify"] or "leviathan")
-            same = (pl.col("base") == r["base"]) & (pl.col("category") == r["category"]) & \
-                (pl.col("draft") == r["draft"]) & (pl.col("gamma") == r["gamma"]) & \
-                (pl.col("adaptive") == r["adaptive"]) & (pl.col("verify") == "exact")
+            group = (pl.col("base") == r["base"]) & (pl.col("category") == r["category"]) & \
+                (pl.col("draft") == r["draft"])
+            gamma, adaptive, note = r["gamma"], r["adaptive"], ""
+            if adaptive:  # llama.cpp cannot adapt: its commands (and the crosscheck) run the best fixed gamma
+                rule = pl.col("verify").fill_null("leviathan") == (r["verify"] or "leviathan")
+                fixed = pred.filter(group & ~pl.col("adaptive") & rule).sort("speedup", descending=True)
+                if len(fixed):
+                    x = fixed.row(0, named=True)
+                    gamma, adaptive = x["gamma"], False
+                    note = (f"llama.cpp has no adaptive draft length: the commands run the best fixed gamma, {gamma} "
+                            f"({ci(x['speedup'], x['speedup_lo'], x['speedup_hi'], unit='x')} predicted).")
+            inst = None if base is None else replace(base, draft=r["draft"], gamma=gamma, adaptive=adaptive,
+                                                     verify=r["verify"] or "leviathan")
+            same = group & (pl.col("gamma") == gamma) & (pl.col("adaptive") == adaptive) & \
+                (pl.col("verify") == "exact")
             out.append(_answer(r, f"{r['proposer']} γ {'auto<=' if r['adaptive'] else ''}{r['gamma']}", inst,
-                               "predicted from every prompt", n_ctx, pred.filter(same)))
+                               "predicted from every prompt", n_ctx, pred.filter(same), note))
         return out
     v, sweep = data.get("verdicts"), data.get("sweep")
     if v is None or not len(v):
@@ -50,13 +60,13 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
     return out
 
 
-def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFrame) -> dict:
+def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFrame, note: str = "") -> dict:
     from harness.report.howto import howto_for_instance, rule_differs
     a = {k: r.get(k) for k in (*VARY, "category", "policy", "verdict", "speedup", "lo", "hi", "at_most", "further",
                                "min_gain")} | {"configuration": name, "source": source}
     how = howto_for_instance(inst, n_ctx) if inst is not None and r["verdict"] == SPECULATE else None
     a |= {"server": how and how.server, "speculative_simple": how and how.speculative_simple,
-          "python": how and how.python, "note": how.note if how else ""}
+          "python": how and how.python, "note": " ".join(x for x in (note, how.note) if x) if how else ""}
     x = exact.row(0, named=True) if len(exact) and how and rule_differs(inst.draft, inst.policy, inst.verify) \
         else None
     # "instance": the plan.Instance the answer names, for every verdict (harness crosscheck runs it in
