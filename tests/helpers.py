@@ -107,3 +107,15 @@ def md_table(md: str, heading: str) -> list[dict]:
     rows = lines[start:end]
     head = [c.strip() for c in rows[0].strip("|").split("|")]
     return [dict(zip(head, (c.strip() for c in r.strip("|").split("|")))) for r in rows[2:]]
+
+
+@contextlib.contextmanager
+def engine_pair(target: Path, draft: Path, cfg):
+    """A target and a draft Engine with one config, closed after."""
+    from harness.engine import Engine
+    t, d = Engine(target, cfg), Engine(draft, cfg)
+    try:
+        yield t, d
+    finally:
+        t.close()
+        d.close()

@@ -11,6 +11,7 @@ from harness.proposers import DraftModelProposer, NgramProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
 from tests.fakes import EOS, FakeEngine, LogitsEngine, ScriptedProposer
+from tests.helpers import engine_pair
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -22,10 +23,8 @@ CFG = EngineConfig(n_ctx=512, n_batch=64)
 
 @pytest.fixture(scope="module")
 def engines(smol, smol_q2k):
-    t, d = Engine(smol, CFG), Engine(smol_q2k, CFG)
-    yield t, d
-    t.close()
-    d.close()
+    with engine_pair(smol, smol_q2k, CFG) as pair:
+        yield pair
 
 
 def requests(engine, n_tokens=32):

@@ -13,6 +13,7 @@ from harness.loop import Request, generate
 from harness.promptcache import CACHE_DIR, PromptCache, evaluate_prompt
 from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
+from tests.helpers import engine_pair
 
 CFG = EngineConfig(n_ctx=512, n_batch=32, threads=2)
 TEXT = "Write a Python function that merges two sorted lists into one sorted list, and explain its complexity. " * 3
@@ -20,10 +21,8 @@ TEXT = "Write a Python function that merges two sorted lists into one sorted lis
 
 @pytest.fixture(scope="module")
 def engines(smol, smol_q2k):
-    t, d = Engine(smol, CFG), Engine(smol_q2k, CFG)
-    yield t, d
-    t.close()
-    d.close()
+    with engine_pair(smol, smol_q2k, CFG) as pair:
+        yield pair
 
 
 def _prompt(engine) -> list[int]:
