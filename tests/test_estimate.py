@@ -164,3 +164,16 @@ def test_the_parts_add_up_for_a_replayed_run_with_a_timed_subset():
     assert parts["units"] == pytest.approx(BASE_MS / 1000)
     assert parts["replay"] == pytest.approx((4940 + 1436 + 400 + 640) / 1000)
     assert parts["timed subset"] == pytest.approx((SPEC_MS - 2400) / 1000 + CHOOSE_S)
+
+
+def test_several_targets_add_their_fidelity_by_hand():
+    """On each category's first prompt (2 here, 100 tokens each), 32 tokens out: the reference evaluates each
+    prompt twice (its greedy teacher output, then the teacher-forced pass) and generates 2 + 1 times; the other
+    target evaluates each once and generates once (its timed run); each teacher-forces the 32 output tokens."""
+    ps = prompts(2)
+    p = replace(PARAMS, target=[T, T2])
+    parts = remaining_parts([], [], {}, ps, p, None, {"timed": True}, figures(ps))
+    ref = 2 * 2 * 100 * 5 + 2 * 32 * 5 + 3 * 32 * 30
+    other = 2 * 100 * 5 + 2 * 32 * 5 + 1 * 32 * 30
+    assert parts["fidelity"] * 1000 == pytest.approx(ref + other)
+    assert "fidelity" not in remaining_parts([], [], {}, ps, PARAMS, None, {"timed": True}, figures(ps))

@@ -277,16 +277,37 @@ def subset_ms(instances: list[Instance], prompts: list, params: Params, run_dir:
     return ms
 
 
+def fidelity_ms(params: Params, prompts: list, fig: Figures, ledger: Ledger) -> float:
+    """A sweep of several targets ends with `harness fidelity` (bench.run._target_fidelity): on each category's
+    first prompt, the first target generates greedily; then each target, in a process of its own, evaluates
+    prompt and output (no prompt cache) and times one generation."""
+    from harness.bench.subset import first_prompts
+    from harness.engine import EngineConfig
+    firsts = [p for ps in first_prompts(prompts, 1).values() for p in ps]
+    if len(params.target) < 2 or not firsts:
+        return 0.0
+    n, cfg, ref = params.max_tokens or 32, EngineConfig(n_ctx=params.n_ctx), params.target[0]
+    lens = [fig.tokens(ref, p) for p in firsts]
+    ms = 0.0
+    for k, t in enumerate(params.target):
+        pr = fig.probe(t, cfg.resolved_threads(), 0)
+        ledger.load(1)
+        gens = len(firsts) + 1 if k == 0 else 1  # the reference's teacher outputs, and each one's timed run
+        ms += ledger.prompts_ms(fig, t, cfg, ref, firsts, uses=1 + (k == 0), cacheable=False) + \
+            sum(pr.prompt(n, start=x) for x in lens) + gens * n * pr.decode(sum(lens) / len(lens) + n / 2)
+    return ms
+
+
 def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict,
                     prompts: list, params: Params, run_dir: Path | None, plan: dict, fig: Figures) -> dict[str, float]:
     """Seconds for what is left of a run, by part, in the order the run goes: the units to run
     (configuration, round, prompts), the replay of the baselines not yet replayed, the timed subset if the
-    replay has not chosen it yet, the closing baselines (drift check) of a run without one; the worker starts
-    and model loads of all of them; the reports. run_dir None: a run not started yet. A resumed run's prompts
-    are costed as not yet cached."""
+    replay has not chosen it yet, the fidelity of several targets, the closing baselines (drift check) of a run
+    without one; the worker starts and model loads of all of them; the reports. run_dir None: a run not started
+    yet. A resumed run's prompts are costed as not yet cached."""
     from harness.bench.replay import proposers
     from harness.pair import parse_ngram
-    from harness.rundir import DRIFT_DIR, REPLAY_DIR, finished
+    from harness.rundir import DRIFT_DIR, FIDELITY_FILE, REPLAY_DIR, finished
     ledger = Ledger(params.prompt_cache)
     parts = {"units": sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo)}
     live = [i for i in instances if i.id not in skipped]
@@ -297,6 +318,8 @@ def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Inst
                                                      if parse_ngram(m) is None], params, fig, ledger) for b in bases)
     if params.timed_subset and "timed" not in plan:
         parts["timed subset"] = subset_ms(live, prompts, params, run_dir, fig, ledger) + CHOOSE_S * 1000
+    if len(params.target) > 1 and not (run_dir and (run_dir / FIDELITY_FILE).exists()):
+        parts["fidelity"] = fidelity_ms(params, prompts, fig, ledger)
     if not params.timed_subset and any(not i.baseline for i in live):
         done = finished(run_dir / DRIFT_DIR) if run_dir else {}
         parts["drift check"] = sum(unit_ms(i, 0, prompts, params, run_dir, fig, ledger) for i in live
