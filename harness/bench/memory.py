@@ -14,7 +14,8 @@ GIB = 2**30
 def kv_bytes(path: Path, n_ctx: int, cache_k: str, cache_v: str) -> int:
     """A model's KV cache at n_ctx positions and the given cache types (as Engine.kv_bytes computes it), from
     its GGUF metadata through a vocab-only load, which reads no weights. 0 where the metadata has no plain
-    figures (per-layer head counts, say): the check then counts the weights alone."""
+    figures (per-layer head counts, say): the check then counts the weights alone. From the metadata rather
+    than llama_model_n_head & co., which abort the process on a vocab-only model (llama_hparams::n_head)."""
     from harness.engine import Vocab, cache_bytes, llama, load_model
     model = load_model(path, vocab_only=True)
     try:
