@@ -29,19 +29,20 @@ def cost(p: Params, per_category: int = 10) -> float:
 def test_nothing_is_cut_when_the_run_fits_and_without_a_budget():
     f = fit(replace(DEFAULT, budget_min=120), cost, 10, 32)
     assert f.params == replace(DEFAULT, budget_min=120) and not f.cuts and f.record()["fits"]
-    assert budget_line(f.record()) == "budget 120 min: estimated 71.0 min as asked"
+    assert budget_line(f.record()) == "budget 120 min (fitted to 85% of it): estimated 71.0 min as asked"
+    assert budget_line(f.record(), {"total": 4200.0}).endswith("as asked; took 70.0 min before its report")
     none = fit(replace(DEFAULT, budget_min=None), cost, 10, 32)
     assert none.params.max_tokens == 32 and none.estimate_after_s == none.estimate_before_s
     assert budget_line(none.record()) is None
 
 
 def test_tokens_go_first_and_only_as_far_as_needed():
-    f = fit(replace(DEFAULT, budget_min=40), cost, 10, 32)  # 71 min: 16 tokens (39 min) fit
+    f = fit(replace(DEFAULT, budget_min=46), cost, 10, 32)  # 71 min: 16 tokens (39 min) fit 85% of 46
     assert [c.param for c in f.cuts] == ["max_tokens"] and f.params.max_tokens == 16
     assert f.params.replay_gamma == 8 and f.params.gamma == DEFAULT.gamma
     c = f.cuts[0]
     assert (c.before, c.after, c.estimate_before_s / 60, c.estimate_after_s / 60) == (32, 16, 71, 39)
-    assert c.why == "estimated 71.0 min, over the 40 min budget"
+    assert c.why == "estimated 71.0 min, over 39.1 min (85% of the 46 min budget)"
 
 
 def test_then_the_gammas_then_the_timed_subset_then_the_prompts_each_to_its_floor():
@@ -52,8 +53,9 @@ def test_then_the_gammas_then_the_timed_subset_then_the_prompts_each_to_its_floo
     # a replay predicts gammas up to replay_gamma, and only those are ever timed: the sweep follows
     assert f.params.gamma == [1, 2, 3, 4] and not f.record()["fits"]
     assert budget_line(f.record()) == (
-        "budget 1 min: estimated 576.0 min as asked; cut max tokens 64 -> 16, replay gamma 8 -> 4, timed subset 4 "
-        "-> 1, prompts per category 40 -> 10: still about 37.0 min, and nothing more can be cut: running anyway")
+        "budget 1 min (fitted to 85% of it): estimated 576.0 min as asked; cut max tokens 64 -> 16, replay gamma "
+        "8 -> 4, timed subset 4 -> 1, prompts per category 40 -> 10: still about 37.0 min, and nothing more can be "
+        "cut: running anyway")
 
 
 def test_a_category_of_ten_prompts_or_fewer_keeps_all_and_a_short_run_is_not_cut():
@@ -150,8 +152,9 @@ def test_a_dry_run_prints_the_plan_and_the_cuts_and_runs_nothing(tmp_path, smol,
                 "--budget-min", "0.01", "--dry-run", "--out", out)
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert lines[0].startswith("budget 0.01 min: estimated ") and "cut max tokens 64 -> 16, replay gamma 6 -> 4" \
-        in lines[0] and lines[0].endswith("nothing more can be cut: running anyway"), lines
+    assert lines[0].startswith("budget 0.01 min (fitted to 85% of it): estimated ")
+    assert "cut max tokens 64 -> 16, replay gamma 6 -> 4" in lines[0], lines
+    assert lines[0].endswith("nothing more can be cut: running anyway"), lines
     assert "x 6 prompts x 1 repeat(s); 1 unit(s) to run, then the replay of 1 baseline(s)" in r.stderr
     assert "up to gamma 4" in r.stderr and "estimated time: about" in r.stderr
     est = next(ln for ln in lines if ln.startswith("estimated time: about"))

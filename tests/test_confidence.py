@@ -115,7 +115,11 @@ def test_until_confident_stops_when_the_budget_is_spent(tmp_path, smol):
     assert "the budget (0.01 min) was spent" in md and "Left open: few" in md
     # 12 tokens, gamma 2, one prompt: nothing to cut, said in the run's summary
     assert plan["budget"]["budget_min"] == 0.01 and not plan["budget"]["cuts"] and not plan["budget"]["fits"]
-    assert "- budget 0.01 min: estimated " in md and "nothing can be cut: running anyway" in md
+    assert "- budget 0.01 min (fitted to 85% of it): estimated " in md and "nothing can be cut: running anyway" in md
+    # what it took, per part and in all, beside the estimate's parts
+    took, parts = plan["took_s"], plan["budget"]["parts_s"]
+    assert took["total"] >= took["units"] + took["rounds"] > 0 and "units" in parts
+    assert f"took {took['total'] / 60:.1f} min before its report" in md
 
 
 @pytest.mark.parametrize("args, words", [

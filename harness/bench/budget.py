@@ -3,7 +3,8 @@ budget, cut, in this order: the tokens per generation (not below 16), the gammas
 4), the timed subset (not below one prompt per category), the prompts per category (not below 10; a category
 with fewer keeps all). Each is halved at a time until the run fits or it reaches its floor, so a run is cut no
 more than it must be, to values that recur from one machine to the next. Prompts go last: the verdicts rest on
-them. What still does not fit runs anyway, and says so.
+them. What still does not fit runs anyway, and says so. The run is fitted to PLANNED of the budget, not all of
+it: the estimate has come out up to 15% low (on an Intel Xeon VM, 17.6 min estimated against 20.8 taken).
 
 Pure: the caller passes the cost estimate (seconds for a parameter set) and the prompt set's shape."""
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from harness.plan import Params
 
 MIN_TOKENS, MIN_GAMMA, MIN_PROMPTS = 16, 4, 10
+PLANNED = 0.85  # the share of the budget a run is fitted to: room for the estimate's error
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ class Fit:
         """What plan.json keeps of the fit (`budget`): what report.sections.budget_line says."""
         return {"budget_min": self.budget_min, "estimate_before_s": round(self.estimate_before_s, 1),
                 "estimate_after_s": round(self.estimate_after_s, 1),
-                "fits": self.budget_min is None or self.estimate_after_s <= self.budget_min * 60,
+                "fits": self.budget_min is None or self.estimate_after_s <= self.budget_min * 60 * PLANNED,
+                "planned": PLANNED,
                 "cuts": [asdict(c) | {"estimate_before_s": round(c.estimate_before_s, 1),
                                       "estimate_after_s": round(c.estimate_after_s, 1)} for c in self.cuts]}
 
@@ -75,7 +78,7 @@ def fit(params: Params, cost: Callable[[Params], float], largest_category: int, 
     est = before = cost(params)
     if params.budget_min is None:
         return Fit(params, None, before, before)
-    budget_s, p, cuts = params.budget_min * 60, params, []
+    budget_s, p, cuts = params.budget_min * 60 * PLANNED, params, []
     for name, halve in _steps(largest_category, own_max_tokens):
         start, start_est = p, est
         while est > budget_s and (nxt := halve(p)) is not None:
@@ -84,5 +87,6 @@ def fit(params: Params, cost: Callable[[Params], float], largest_category: int, 
             field = "replay_gamma" if name == "gamma" and p.replay else name
             was = getattr(start, field) or (largest_category if field == "per_category" else own_max_tokens)
             cuts.append(Cut(field, was, getattr(p, field), start_est, est,
-                            f"estimated {start_est / 60:.1f} min, over the {params.budget_min:g} min budget"))
+                            f"estimated {start_est / 60:.1f} min, over {budget_s / 60:.1f} min ({PLANNED:.0%} of the "
+                            f"{params.budget_min:g} min budget)"))
     return Fit(p, params.budget_min, before, est, tuple(cuts))

@@ -14,20 +14,18 @@ from pathlib import Path
 
 import click
 
-from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
+from harness.analysis.noise import unit_summary
 from harness.bench import noise
 from harness.bench.budget import Fit, fit
 from harness.bench.estimate import Figures, remaining_parts, remaining_s, units_s
 from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
+from harness.bench.units import Unit, run_replays, run_units
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, drop_unreadable, finished, lock_run,
                             new_run_dir, noise_records, plan_rounds, read_plan, record_noise, record_result,
                             repair_results, traces_missing, unit_id, write_plan)
-
-Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
-
 
 def prompt_pool(params: Params, categories: list[str] | None = None) -> list:
     """Every prompt the run may use, in each file's order: what --until-confident draws its next prompts from."""
@@ -108,7 +106,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
                 "pool_sizes": dict(Counter(p.category for p in pool)),  # the looks' spending runs to these
                 "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time(),
                 "idle_check": idle, "models": models_info({i.target for i in instances} | {i.draft for i in instances}),
-                "budget": fitted.record()}
+                "budget": fitted.record() | {"parts_s": {k: round(s, 1) for k, s in  # beside took_s, once it ran
+                                                         _new_run_parts(params, skipped, figures).items()}}}
         write_plan(run_dir, plan)
     if resume:
         plan["idle_check"] = idle  # what the report says of the machine before this invocation's measurements
@@ -147,39 +146,65 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         else fitted.estimate_after_s
     calibrated = resume and (run_dir / "calibration").is_dir() and any((run_dir / "calibration").iterdir())
     click.echo(_estimate_line(est, params, "the calibrations and probes" if calibrated else DECODES), err=True)
+    took: dict[str, float] = {}  # this invocation's seconds per part, as the estimate names its parts
+
+    def part(name: str, work, *args) -> None:
+        t0 = time.monotonic()
+        try:
+            work(*args)
+        finally:
+            took[name] = took.get(name, 0.0) + time.monotonic() - t0
     try:
-        _run_units(todo, params, run_dir)
+        part("units", run_units, todo, params, run_dir)
         if params.replay:
-            _replay(instances, skipped, first, params, run_dir)
+            part("replay", run_replays, instances, skipped, first, params, run_dir)
         if params.timed_subset and "timed" not in plan:
-            from harness.bench.subset import choose
-            plan["timed"], plan["timed_in_sample"] = choose(run_dir, [i for i in instances if i.id not in skipped],
-                                                            first, params.timed_subset)
-            write_plan(run_dir, plan)
-            click.echo(f"timed subset from the replay: {len(plan['timed'])} configuration(s)", err=True)
-            _run_units([(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]],
-                       params, run_dir)
+            part("timed subset", _timed_subset, instances, skipped, first, params, run_dir, plan, by_id)
         if params.until_confident:
-            _until_confident(instances, skipped, pool, rounds, params, run_dir, plan, figures)
+            part("rounds", _until_confident, instances, skipped, pool, rounds, params, run_dir, plan, figures)
         if not params.timed_subset:  # the timed subset is paired; its baselines ran on every prompt
-            _closing_baselines(instances, skipped, first, params, run_dir)
-        _target_fidelity(params, first, run_dir)
+            part("drift check", _closing_baselines, instances, skipped, first, params, run_dir)
+        part("fidelity", _target_fidelity, params, first, run_dir)
     except KeyboardInterrupt as e:
         from harness.procs import Terminated
         if params.until_confident:
             plan["until_confident"] = plan.get("until_confident", {}) | {"stopped": "interrupted"}
-            write_plan(run_dir, plan)
+        _record_took(run_dir, plan, took, started)
         n = sum(1 for r in finished(run_dir).values() if r.get("status") == "ok")
         write_reports(run_dir)
         how, code = (f"stopped by {e.name}", 128 + e.signum) if isinstance(e, Terminated) else ("interrupted", 130)
         raise HarnessError(f"{how}: {n} unit(s) finished and kept, and the prompts the stopped one finished; "
                            f"continue with `harness bench --resume {run_dir}`", exit_code=code) from None
+    _record_took(run_dir, plan, took, started)
     md = write_reports(run_dir)
     click.echo(f"report: {md}", err=True)
     from harness.promptcache import cache_dir
     shutil.rmtree(cache_dir(run_dir), ignore_errors=True)  # up to ~1 GB; an interrupted run keeps it for --resume
     click.echo(f"estimated {est / 60:.1f} min, took {(time.monotonic() - started) / 60:.1f} min", err=True)
     return run_dir
+
+
+def _timed_subset(instances: list[Instance], skipped: dict, first: list, params: Params, run_dir: Path, plan: dict,
+                  by_id: dict) -> None:
+    """The configurations the replay's predictions chose (bench.subset), timed on each category's first prompts."""
+    from harness.bench.subset import choose
+    plan["timed"], plan["timed_in_sample"] = choose(run_dir, [i for i in instances if i.id not in skipped], first,
+                                                    params.timed_subset)
+    write_plan(run_dir, plan)
+    click.echo(f"timed subset from the replay: {len(plan['timed'])} configuration(s)", err=True)
+    run_units([(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]],
+              params, run_dir)
+
+
+def _record_took(run_dir: Path, plan: dict, took: dict[str, float], started: float) -> None:
+    """plan.json's `took_s`: the run's seconds per part and in all before its report, over every invocation (a
+    resumed run adds to what the interrupted one spent): what the report sets beside the estimate."""
+    total = plan.get("took_s", {})
+    for k, s in took.items():
+        total[k] = round(total.get(k, 0.0) + s, 1)
+    total["total"] = round(total.get("total", 0.0) + time.monotonic() - started, 1)
+    plan["took_s"] = total
+    write_plan(run_dir, plan)
 
 
 def _same_models(plan: dict) -> None:
@@ -272,65 +297,6 @@ def _dry_run(instances: list[Instance], skipped: dict, prompts: list, params: Pa
                "directory was made", err=True)
 
 
-def asked_share(inst: Instance) -> float | None:
-    """The share of the machine's cores a unit's worker asks for; None with offload, where the GPU works while
-    the CPU waits."""
-    import psutil
-
-    from harness.engine import EngineConfig
-    if inst.ngl or inst.ngl_draft:
-        return None
-    return min(1.0, EngineConfig(threads=inst.threads).resolved_threads() / (psutil.cpu_count() or 1))
-
-
-def _run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path | None = None) -> None:
-    """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
-    from harness.bench.progress import Progress, timed_watch
-    from harness.bench.worker import run_in_worker
-    for k, (inst, r, prompts) in enumerate(units, 1):
-        what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
-            f" ({inst.setup})" if inst.setup else "")
-        title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {json.dumps(inst.policy)}"
-        watch = timed_watch(run_dir, unit_id(inst.id, r), params.paired and not inst.baseline)
-        with noise.Sampler(params.busy_threshold, asked_share(inst)) as sampler, \
-                Progress(title, len(prompts) * params.repeat, watch):
-            res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch)
-        rec = sampler.summary()
-        label = f"drift/{inst.id}" if noise_to else unit_id(inst.id, r)  # the drift check feeds no verdict
-        record_noise(noise_to or run_dir, {"unit": label, "config": None if noise_to else inst.id, "round": r} | rec)
-        nz = unit_summary(rec)
-        status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
-        busy = (f"; SLOWED: the worker got {nz['own_mean']:.0%} of the cores, less than {SLOWED:.0%} of what "
-                f"its threads ask for" if nz["slowed"] else
-                f"; BUSY: other processes used {nz['foreign_max']:.0%} of the cores over {WINDOW_S} s") \
-            if nz["busy"] else ""
-        click.echo(f"{title}: {status}{busy}", err=True)
-
-
-def _replay(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path) -> None:
-    """Each finished plain baseline's outputs replayed through every model draft (and the n-gram proposers),
-    watched for noise like any unit: the replay measures the decode costs its predictions use."""
-    from harness.bench.progress import Progress, replay_watch
-    from harness.bench.replay import per_prompt, proposers, run_replay
-    from harness.rundir import REPLAY_DIR
-    from harness.sampling import Policy
-    done, base_done = finished(run_dir / REPLAY_DIR), finished(run_dir)
-    todo = [i for i in instances if i.baseline and i.id not in skipped
-            and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]
-    for k, base in enumerate(todo, 1):
-        title = f"[replay {k}/{len(todo)}] {base.target} {json.dumps(base.policy)}"
-        drafts = proposers(instances, params, base)
-        watch = replay_watch(run_dir, base.id, len(per_prompt(drafts, Policy(**base.policy).greedy)))
-        with noise.Sampler(params.busy_threshold, asked_share(base)) as sampler, \
-                Progress(title, len(prompts), watch):
-            res = run_replay(base, 0, prompts, drafts, params.replay_gamma, params, run_dir,
-                             on_start=sampler.meter.watch)
-        rec = sampler.summary()
-        record_noise(run_dir, {"unit": f"replay/{base.id}", "config": None, "round": 0} | rec)
-        status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
-        click.echo(f"{title}: {', '.join(drafts)} up to gamma {params.replay_gamma}: {status}", err=True)
-
-
 def spent_s(run_dir: Path) -> float:
     """Worker time the run has spent so far (what --budget-min bounds)."""
     return sum(r.get("wall_s") or 0.0 for r in finished(run_dir).values())
@@ -372,7 +338,7 @@ def _until_confident(instances: list[Instance], skipped: dict, pool: list, round
         plan |= {"rounds": rounds, "until_confident": {"budget_min": params.budget_min, "stopped": None,
                                                         "exhausted": sorted(exhausted), "history": history}}
         write_plan(run_dir, plan)
-        _run_units(units, params, run_dir)
+        run_units(units, params, run_dir)
     plan |= {"rounds": rounds, "until_confident": {"budget_min": params.budget_min, "stopped": stopped,
                                                     "exhausted": sorted(exhausted), "history": history}}
     write_plan(run_dir, plan)
@@ -395,7 +361,7 @@ def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, 
     todo = [(i, 0, prompts) for i in base if done.get(i.id, {}).get("status") != "ok"]
     if todo:
         click.echo("drift check: the plain baselines again", err=True)
-        _run_units(todo, params, d, noise_to=run_dir)
+        run_units(todo, params, d, noise_to=run_dir)
 
 
 def command_line(argv: list[str]) -> str:

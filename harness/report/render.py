@@ -116,7 +116,7 @@ def _machine(plan: dict, rel: Path) -> list[str]:
                      "(ggml-org/llama.cpp#20824); extra buffer types (AMX, weight repacking) were switched off")
     pk = s.get("packages", {})
     lines.append("- packages: " + ", ".join(f"{k} {v}" for k, v in pk.items()))
-    lines += [f"- {b}" for b in [sections.budget_line(plan.get("budget"))] if b]
+    lines += [f"- {b}" for b in [sections.budget_line(plan.get("budget"), plan.get("took_s"))] if b]
     lines += [f"- command: `{plan.get('command', '')}`", f"- raw traces: `{(rel / 'traces').as_posix()}` (one JSONL "
               "per configuration; every figure here is computed from them: `harness report RUN_DIR --check`)", ""]
     rows = [[n, m["quant"], mib(m["bytes"]) if m["bytes"] else "", m["sha256"][:12], m["note"]]

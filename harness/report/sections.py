@@ -337,14 +337,23 @@ BUDGET_LABELS = {"max_tokens": "max tokens", "replay_gamma": "replay gamma", "ga
                  "timed_subset": "timed subset", "per_category": "prompts per category"}
 
 
-def budget_line(rec: dict | None) -> str | None:
+def budget_line(rec: dict | None, took: dict | None = None) -> str | None:
     """A run's budget in one line, from plan.json's `budget` (bench.budget): what was cut to fit and why, or that
-    nothing more could be cut. None for a run without a budget."""
+    nothing more could be cut; and, once it ran, what it took (plan.json's `took_s`). None for a run without a
+    budget."""
     if not rec or rec.get("budget_min") is None:
         return None
-    head = f"budget {rec['budget_min']:g} min: estimated {rec['estimate_before_s'] / 60:.1f} min as asked"
+    planned = f" (fitted to {rec['planned']:.0%} of it)" if rec.get("planned") else ""
+    head = f"budget {rec['budget_min']:g} min{planned}: estimated {rec['estimate_before_s'] / 60:.1f} min as asked"
+    now = rec["estimate_after_s"] / 60
+    ran = f"; took {took['total'] / 60:.1f} min before its report" if took and "total" in took else ""
     if not rec["cuts"]:
-        return head + ("" if rec["fits"] else ", and nothing can be cut: running anyway")
+        return head + ("" if rec["fits"] else ", and nothing can be cut: running anyway") + ran
+    said = [[",".join(map(str, v)) if isinstance(v, list) else str(v) for v in (c["before"], c["after"])]
+            for c in rec["cuts"]]
+    cuts = ", ".join(f"{BUDGET_LABELS[c['param']]} {a} -> {b}" for c, (a, b) in zip(rec["cuts"], said))
+    return (f"{head}; cut {cuts}: now about {now:.1f} min" if rec["fits"] else
+            f"{head}; cut {cuts}: still about {now:.1f} min, and nothing more can be cut: running anyway") + ran
     said = [[",".join(map(str, v)) if isinstance(v, list) else str(v) for v in (c["before"], c["after"])]
             for c in rec["cuts"]]
     cuts = ", ".join(f"{BUDGET_LABELS[c['param']]} {a} -> {b}" for c, (a, b) in zip(rec["cuts"], said))

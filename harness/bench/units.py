@@ -1,0 +1,74 @@
+"""Running the work of a sweep: each unit (a configuration over a round of prompts) and each baseline's replay
+in a worker of its own, the machine's foreign load sampled while it runs, progress shown per prompt."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
+from harness.bench import noise
+from harness.plan import Instance, Params
+from harness.rundir import finished, record_noise, unit_id
+
+Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
+
+
+def asked_share(inst: Instance) -> float | None:
+    """The share of the machine's cores a unit's worker asks for; None with offload, where the GPU works while
+    the CPU waits."""
+    import psutil
+
+    from harness.engine import EngineConfig
+    if inst.ngl or inst.ngl_draft:
+        return None
+    return min(1.0, EngineConfig(threads=inst.threads).resolved_threads() / (psutil.cpu_count() or 1))
+
+
+def run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path | None = None) -> None:
+    """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
+    from harness.bench.progress import Progress, timed_watch
+    from harness.bench.worker import run_in_worker
+    for k, (inst, r, prompts) in enumerate(units, 1):
+        what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
+            f" ({inst.setup})" if inst.setup else "")
+        title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {json.dumps(inst.policy)}"
+        watch = timed_watch(run_dir, unit_id(inst.id, r), params.paired and not inst.baseline)
+        with noise.Sampler(params.busy_threshold, asked_share(inst)) as sampler, \
+                Progress(title, len(prompts) * params.repeat, watch):
+            res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch)
+        rec = sampler.summary()
+        label = f"drift/{inst.id}" if noise_to else unit_id(inst.id, r)  # the drift check feeds no verdict
+        record_noise(noise_to or run_dir, {"unit": label, "config": None if noise_to else inst.id, "round": r} | rec)
+        nz = unit_summary(rec)
+        status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
+        busy = (f"; SLOWED: the worker got {nz['own_mean']:.0%} of the cores, less than {SLOWED:.0%} of what "
+                f"its threads ask for" if nz["slowed"] else
+                f"; BUSY: other processes used {nz['foreign_max']:.0%} of the cores over {WINDOW_S} s") \
+            if nz["busy"] else ""
+        click.echo(f"{title}: {status}{busy}", err=True)
+
+
+def run_replays(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path) -> None:
+    """Each finished plain baseline's outputs replayed through every model draft (and the n-gram proposers),
+    watched for noise like any unit: the replay measures the decode costs its predictions use."""
+    from harness.bench.progress import Progress, replay_watch
+    from harness.bench.replay import per_prompt, proposers, run_replay
+    from harness.rundir import REPLAY_DIR
+    from harness.sampling import Policy
+    done, base_done = finished(run_dir / REPLAY_DIR), finished(run_dir)
+    todo = [i for i in instances if i.baseline and i.id not in skipped
+            and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]
+    for k, base in enumerate(todo, 1):
+        title = f"[replay {k}/{len(todo)}] {base.target} {json.dumps(base.policy)}"
+        drafts = proposers(instances, params, base)
+        watch = replay_watch(run_dir, base.id, len(per_prompt(drafts, Policy(**base.policy).greedy)))
+        with noise.Sampler(params.busy_threshold, asked_share(base)) as sampler, \
+                Progress(title, len(prompts), watch):
+            res = run_replay(base, 0, prompts, drafts, params.replay_gamma, params, run_dir,
+                             on_start=sampler.meter.watch)
+        rec = sampler.summary()
+        record_noise(run_dir, {"unit": f"replay/{base.id}", "config": None, "round": 0} | rec)
+        status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
+        click.echo(f"{title}: {', '.join(drafts)} up to gamma {params.replay_gamma}: {status}", err=True)
