@@ -138,7 +138,7 @@ def load(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> dict 
 
 
 def costs_at(cal_dir: Path, target: str, draft: str | None, threads: int, ngl: int, ngl_draft: int,
-             context: float, overhead_ms: float = 0.0):
+             context: float, overhead_ms_per_row: float = 0.0):
     """costmodel.Costs from the calibrations in cal_dir at `context` cached tokens; draft None is a proposer
     without a model (n-gram). None when a needed calibration is missing."""
     from harness.costmodel import Costs
@@ -149,7 +149,7 @@ def costs_at(cal_dir: Path, target: str, draft: str | None, threads: int, ngl: i
     # a draft decodes with the last row's logits only; calibrations from before that was measured have all
     curve = at_context(d, context, "ms_last_by_context" if "ms_last_by_context" in d else "ms_by_context") \
         if d else []
-    return Costs(at_context(t, context), curve[0] if curve else 0.0, overhead_ms, draft_curve=tuple(curve))
+    return Costs(at_context(t, context), curve[0] if curve else 0.0, overhead_ms_per_row, draft_curve=tuple(curve))
 
 
 def table_rows(cal: dict) -> list[list]:

@@ -18,7 +18,7 @@ def expected_tokens(alpha, gamma: int):
 class Costs:
     target_ms: list[float]   # llama_decode of k = 1.. tokens with all logits, index k-1
     draft_ms: float          # one draft decode (0 for a proposer without a model)
-    overhead_ms: float = 0.0  # measured Python/verification cost per step
+    overhead_ms_per_row: float = 0.0  # the loop's Python/verification cost per verified logits row
     draft_curve: tuple[float, ...] = ()  # draft decode of k = 1.. tokens: what catching up after plain steps costs
 
     def catch_up(self, n: int) -> float:
@@ -39,22 +39,29 @@ class Costs:
     def draft_step_ms(self, gamma: int, alpha: float) -> float:
         """gamma draft decodes; with a measured draft curve, also the extra token it evaluates when all gamma
         were accepted (the last proposal and the bonus token arrive together), which happens w.p. alpha^gamma."""
-        extra = alpha ** gamma * (self.catch_up(2) - self.catch_up(1)) if self.draft_curve else 0.0
+        extra = alpha ** gamma * (self.catch_up(2) - self.catch_up(1)) if self.draft_curve and gamma else 0.0
         return gamma * self.draft_ms + extra
 
+    def overhead(self, rows: int) -> float:
+        """The loop's own cost of a step that verified `rows` logits rows (its drafts and one more): it grows with
+        the rows, each checked and sampled in Python (docs/findings/cost-model.md). Every price of a step calls
+        this, so that the model, the replay and the adaptive controller charge a step alike."""
+        return rows * self.overhead_ms_per_row
+
     def step_ms(self, gamma: int, alpha: float = 0.0) -> float:
-        return self.draft_step_ms(gamma, alpha) + self.verify(gamma + 1) + self.overhead_ms
+        """A step proposing gamma drafts (0: a plain decode)."""
+        return self.draft_step_ms(gamma, alpha) + self.verify(gamma + 1) + self.overhead(gamma + 1)
 
     def tokens_per_ms(self, alpha: float, gamma: int) -> float:
         return expected_tokens(alpha, gamma) / self.step_ms(gamma, alpha)
 
 
 def predicted_speedup(alpha: float, gamma: int, costs: Costs, share: float = 1.0) -> float:
-    """E(alpha, gamma) * T_target(1) / (T_draft(gamma) + T_verify(gamma+1) + overhead), with T_draft(gamma) =
-    gamma * T_draft(1) (+ the bonus catch-up when a draft curve is known). share: the fraction of steps that
-    proposed anything (a lookup proposer often finds nothing: those steps decode one token plainly)."""
+    """E(alpha, gamma) * T_target(1) / (T_draft(gamma) + T_verify(gamma+1) + overhead(gamma+1 rows)), with
+    T_draft(gamma) = gamma * T_draft(1) (+ the bonus catch-up when a draft curve is known). share: the fraction of
+    steps that proposed anything (a lookup proposer often finds nothing: those steps decode one token plainly)."""
     tokens = share * expected_tokens(alpha, gamma) + (1 - share)
-    ms = share * costs.step_ms(gamma, alpha) + (1 - share) * (costs.target_ms[0] + costs.overhead_ms)
+    ms = share * costs.step_ms(gamma, alpha) + (1 - share) * costs.step_ms(0)
     return tokens * costs.target_ms[0] / ms
 
 
@@ -131,11 +138,16 @@ class AdaptiveGamma:
 
     def _scaled(self) -> Costs:
         c, t, d = self.calibrated, self._scale("target"), self._scale("draft")
-        return Costs([x * t for x in c.target_ms], c.draft_ms * d, c.overhead_ms, tuple(x * d for x in c.draft_curve))
+        return Costs([x * t for x in c.target_ms], c.draft_ms * d, c.overhead_ms_per_row,
+                     tuple(x * d for x in c.draft_curve))
+
+    def _owed(self, c: Costs) -> float:
+        """What the draft's next run costs beyond a single decode: catching up over the plain steps since the last."""
+        return c.catch_up(self.backlog + 1) - c.draft_ms
 
     def _draft_part(self, c: Costs, g: int) -> float:
         """The draft's share of a gamma-g step: catching up over the plain steps since it last ran, then g tokens."""
-        return c.catch_up(self.backlog + 1) - c.draft_ms + c.draft_step_ms(g, self.alpha) if g else 0.0
+        return self._owed(c) + c.draft_step_ms(g, self.alpha) if g else 0.0
 
     def probe_value(self, remaining: int) -> float:
         """Expected ms saved over `remaining` tokens by switching to the best gamma if alpha were known."""
@@ -146,8 +158,7 @@ class AdaptiveGamma:
     def probe_price(self, g: int) -> float:
         """A gamma-g step at the posterior mean against plain decoding: its cost less the tokens it is worth."""
         c = self.costs
-        step = self._draft_part(c, g) + c.verify(g + 1) + c.overhead_ms
-        return step - expected_tokens(self.alpha, g) * c.target_ms[0]
+        return self._owed(c) + c.step_ms(g, self.alpha) - expected_tokens(self.alpha, g) * c.target_ms[0]
 
     def choose(self, remaining: int = 1 << 20) -> int:
         """The next step's gamma, at most remaining - 1 (the target adds one token of its own)."""

@@ -28,8 +28,8 @@ def test_predicted_speedup_by_hand():
     a draft decode 2 ms, verifying 3 tokens 14 ms."""
     c = Costs(target_ms=[10, 12, 14], draft_ms=2)
     assert predicted_speedup(0.5, 2, c) == pytest.approx(0.972222, rel=1e-6)  # 1.75 x 10 / (2 x 2 + 14)
-    c1 = Costs(target_ms=[10, 12, 14], draft_ms=2, overhead_ms=1)
-    assert predicted_speedup(0.5, 2, c1) == pytest.approx(0.921053, rel=1e-6)  # 17.5 / (4 + 14 + 1)
+    c1 = Costs(target_ms=[10, 12, 14], draft_ms=2, overhead_ms_per_row=1)
+    assert predicted_speedup(0.5, 2, c1) == pytest.approx(0.833333, rel=1e-6)  # 17.5 / (4 + 14 + 3 rows x 1)
     # half the steps propose: tokens 0.5 x 1.75 + 0.5 x 1 = 1.375, ms 0.5 x 18 + 0.5 x 10 = 14
     assert predicted_speedup(0.5, 2, c, share=0.5) == pytest.approx(0.982143, rel=1e-6)  # 1.375 x 10 / 14
     # a draft curve: both drafts accepted (0.5^2) costs one more token, 3.0 - 2.0 ms: 17.5 / (4 + 0.25 + 14)
@@ -127,7 +127,7 @@ def test_adaptive_gamma_catches_up_the_draft_after_plain_steps():
 # measured on this project's 2-core VM (reports/runs/20261130-150917-vm/calibration, 128 cached tokens):
 # Qwen2.5-Coder 1.5B Q4_K_M target, 0.5B Q4_K_M draft
 VM = Costs(target_ms=[70.4, 110.1, 135.6, 126.5, 162.1, 196.5, 220.7, 233.6, 256.0], draft_ms=40.5,
-           overhead_ms=1.0, draft_curve=(40.5, 51.6, 60.7, 65.3, 97.7))
+           overhead_ms_per_row=1.0, draft_curve=(40.5, 51.6, 60.7, 65.3, 97.7))
 
 
 def _simulate(costs: Costs, alpha, n_tokens: int, gamma, seed: int) -> float:
@@ -152,7 +152,7 @@ def _simulate(costs: Costs, alpha, n_tokens: int, gamma, seed: int) -> float:
             catch_up = curve[n - 1] if n <= len(curve) else curve[-1] * n / len(curve)
             draft = catch_up + (g - 1) * costs.draft_ms + (curve[1] - curve[0] if k == g else 0.0)
         verify = costs.verify(g + 1)
-        total += draft + verify + (costs.overhead_ms if g else 0.0)
+        total += draft + verify + ((g + 1) * costs.overhead_ms_per_row if g else 0.0)
         if ctl:
             ctl.observe([float(x) for x in match[:k + 1]], g, draft, verify)
         backlog = 0 if g else backlog + 1

@@ -61,8 +61,8 @@ def test_calibration_is_interpolated_linearly_between_contexts_and_held_beyond(t
     assert at_context(cal, 576) == pytest.approx([12.0, 20.0, 26.0])  # halfway
     for name, ms in (("t", cal["ms_by_context"]), ("d", [[2.0, 3.0, 3.5], [4.0, 5.0, 5.5]])):
         (tmp_path / f"{name}-t2-ngl0.json").write_text(json.dumps({"contexts": [128, 1024], "ms_by_context": ms}))
-    c = costs_at(tmp_path, "t", "d", 2, 0, 0, 576, overhead_ms=0.5)
+    c = costs_at(tmp_path, "t", "d", 2, 0, 0, 576, overhead_ms_per_row=0.5)
     assert c.target_ms == pytest.approx([12.0, 20.0, 26.0]) and c.draft_ms == pytest.approx(3.0)
-    assert c.draft_curve == pytest.approx((3.0, 4.0, 4.5)) and c.overhead_ms == 0.5
+    assert c.draft_curve == pytest.approx((3.0, 4.0, 4.5)) and c.overhead_ms_per_row == 0.5
     assert costs_at(tmp_path, "t", "missing", 2, 0, 0, 576) is None
     assert costs_at(tmp_path, "t", None, 2, 0, 0, 576).draft_ms == 0.0  # an n-gram proposer: no model

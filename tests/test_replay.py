@@ -67,7 +67,7 @@ def test_expected_steps_with_certain_acceptance_are_the_greedy_steps():
 def test_expected_acceptance_matches_a_simulation_of_random_acceptances():
     rng = np.random.default_rng(4)
     alpha = rng.uniform(0.2, 0.95, size=40)
-    costs = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, overhead_ms=0.2, draft_curve=(5, 7))
+    costs = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, overhead_ms_per_row=0.2, draft_curve=(5, 7))
     e = expected(alpha, 40, 40, 3, False, costs)
     sims = []
     for _ in range(4000):
@@ -80,7 +80,7 @@ def test_expected_acceptance_matches_a_simulation_of_random_acceptances():
 
 
 def test_step_cost_known_values():
-    c = Costs(target_ms=[30, 50, 60, 70], draft_ms=5, overhead_ms=0.5, draft_curve=(5, 7, 8))
+    c = Costs(target_ms=[30, 50, 60, 70], draft_ms=5, overhead_ms_per_row=0.5, draft_curve=(5, 7, 8))
     assert step_ms(Step(0, 0, 1), c) == pytest.approx(30.5)  # a plain step
     assert step_ms(Step(3, 1, 2), c) == pytest.approx(3 * 5 + 70 + 4 * 0.5)  # rejected at 1
     assert step_ms(Step(3, 3, 4), c) == pytest.approx(3 * 5 + 2 + 70 + 4 * 0.5)  # all accepted: catch-up

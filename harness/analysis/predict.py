@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from dataclasses import replace
 from statistics import NormalDist
 
 import numpy as np
@@ -29,11 +30,12 @@ def plain_decode_ms(gens: pl.DataFrame) -> dict[tuple[str, str], float]:
     return {(r["config"], r["category"]): r["gen_ms"] / r["steps"] for r in g.iter_rows(named=True) if r["steps"]}
 
 
-def costs_at(rec: dict, context: float, plain_ms: float | None, overhead_ms: float | None = None) -> Costs:
+def costs_at(rec: dict, context: float, plain_ms: float | None, overhead_ms_per_row: float | None = None) -> Costs:
     """A costs record (measured in a worker or beside the replay) at `context` cached tokens (linear between its
-    contexts). One decode costs what plain decoding measured per decode (plain_decode_ms; less the loop's
-    overhead), where known: the plain twins ran on the real prompts, seconds from the rows; the verification blocks
-    and the draft's decodes cost what was measured (or draws of it: cost_draws)."""
+    contexts; its "overhead_ms" is per verified row, unless overhead_ms_per_row is given). One decode costs what
+    plain decoding measured per decode (plain_decode_ms; less the loop's overhead of its one row), where known: the
+    plain twins ran on the real prompts, seconds from the rows; the verification blocks and the draft's decodes
+    cost what was measured (or draws of it: cost_draws)."""
     if "target_ms" in rec:  # a record from before two contexts were measured
         rec = rec | {"contexts": [rec["context"]], "target_ms_by_context": [rec["target_ms"]],
                      "draft_ms_by_context": [rec.get("draft_ms") or []]}
@@ -43,10 +45,11 @@ def costs_at(rec: dict, context: float, plain_ms: float | None, overhead_ms: flo
     def at(rows):
         return [a + w * (b - a) for a, b in zip(rows[0], rows[-1])] if rows and rows[0] else []
     t, d = at(rec["target_ms_by_context"]), at(rec.get("draft_ms_by_context") or [])
-    oh = rec.get("overhead_ms", 0.0) if overhead_ms is None else overhead_ms
+    oh = rec.get("overhead_ms", 0.0) if overhead_ms_per_row is None else overhead_ms_per_row
+    costs = Costs(t, d[0] if d else 0.0, oh, draft_curve=tuple(d))
     if plain_ms:
-        t = [max(plain_ms - oh, 1e-6), *t[1:]]
-    return Costs(t, d[0] if d else 0.0, oh, draft_curve=tuple(d))
+        costs = replace(costs, target_ms=[max(plain_ms - costs.overhead(1), 1e-6), *t[1:]])
+    return costs
 
 
 def cost_draws(rec: dict, n: int, key: str) -> dict | None:
@@ -108,7 +111,7 @@ def adaptive_steps(match: list[bool], n: int, max_tokens: int, gamma_max: int, e
             k += 1
         step, ended = replay_step(j, g, k, n, eos)
         ctl.observe([1.0] * step.accepted + [0.0] * step.rejected, g,
-                    step_ms(step, costs, backlog) - costs.verify(g + 1) - costs.overhead_ms * (g + 1) if g else None,
+                    step_ms(step, costs, backlog) - costs.verify(g + 1) - costs.overhead(g + 1) if g else None,
                     costs.verify(g + 1))
         steps.append((step, backlog))
         backlog = 0 if g else backlog + 1

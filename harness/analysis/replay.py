@@ -88,14 +88,14 @@ def ngram_steps(context: Sequence[int], out: Sequence[int], eos_token: int | Non
 
 def step_ms(step: Step, costs, backlog: int = 0) -> float:
     """What a step costs: the draft's proposals (after catching up over `backlog` plain steps; one more token when
-    all were accepted), the verification block, and the overhead of verifying its rows. Linear in the costs, which
-    may be arrays (draws of them)."""
-    if not step.proposed:
-        return costs.verify(1) + costs.overhead_ms
-    draft = costs.catch_up(backlog + 1) - costs.draft_ms + step.proposed * costs.draft_ms
-    if step.all_accepted:
-        draft += costs.catch_up(2) - costs.catch_up(1)
-    return draft + costs.verify(step.proposed + 1) + costs.overhead_ms * (step.proposed + 1)
+    all were accepted), the verification block, and the overhead of verifying its rows (Costs.overhead). Linear in
+    the costs, which may be arrays (draws of them)."""
+    rows, draft = step.proposed + 1, 0.0
+    if step.proposed:
+        draft = costs.catch_up(backlog + 1) - costs.draft_ms + step.proposed * costs.draft_ms
+        if step.all_accepted:
+            draft += costs.catch_up(2) - costs.catch_up(1)
+    return draft + costs.verify(rows) + costs.overhead(rows)
 
 
 def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int, eos: bool, costs=None,

@@ -37,7 +37,8 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
     records = load_records(run_dir, {unit})
     gens = {r["prompt_id"]: r for r in records if r.get("type") == "generation" and r.get("repeat", 0) == 0}
     plain_steps = [r for r in records if r.get("type") == "step"]
-    overhead = sum(r["overhead_ms"] for r in plain_steps) / max(len(plain_steps), 1)
+    # the loop's overhead per verified row (Costs.overhead_ms_per_row): a plain step verifies one
+    overhead = sum(r["overhead_ms"] for r in plain_steps) / max(sum(r["proposed"] + 1 for r in plain_steps), 1)
     policy = Policy(**base.policy)
     cfg = base.engine_config(params.n_ctx)
     # the plan lets a replay have one draft offload and cache type, which every draft model gets

@@ -7,6 +7,13 @@ from pathlib import Path
 import polars as pl
 
 
+def overhead_per_row(r: dict) -> float:
+    """A sweep row's loop overhead per verified row (Costs.overhead_ms_per_row): each target call verifies its
+    proposals and one row more."""
+    calls = r["target_calls"]
+    return (r["overhead_ms_per_call"] or 0.0) * calls / (calls + r["proposed"]) if calls else 0.0
+
+
 def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     from dataclasses import replace
 
@@ -16,7 +23,7 @@ def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     from harness.pair import parse_ngram
     plain_ms = 1 / r["ref_tokens_per_ms"] if r["ref_tokens_per_ms"] else None
     if measured is not None:  # measured in the row's worker, seconds before its generations
-        costs = measured_at(measured, r["context"], None, r["overhead_ms_per_call"] or 0.0)
+        costs = measured_at(measured, r["context"], None, overhead_per_row(r))
         if not plain_ms:
             return costs
         if len(measured.get("contexts", [])) > 1:
@@ -28,7 +35,7 @@ def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
     # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
     costs = costs_at(run_dir / "calibration", r["target"], draft, EngineConfig(threads=r["threads"]).resolved_threads(),
-                     r["ngl"], r["ngl_draft"], r["context"], r["overhead_ms_per_call"] or 0.0)
+                     r["ngl"], r["ngl_draft"], r["context"], overhead_per_row(r))
     if costs is None or not plain_ms:
         return costs
     # a calibration from the start of the run gives the curve's shape; its level comes from the row's plain

@@ -1,0 +1,56 @@
+"""The loop's overhead per step, one convention everywhere: a step that verified k logits rows (its drafts and one
+more) costs k times the overhead per row, in the cost model, the replay and the adaptive controller alike."""
+import pytest
+
+from harness.analysis.predict import costs_at
+from harness.analysis.replay import Step, step_ms
+from harness.costmodel import AdaptiveGamma, Costs, expected_tokens, predicted_speedup
+from harness.report.costs import overhead_per_row
+
+OH = 0.7
+CURVE = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, overhead_ms_per_row=OH, draft_curve=(5, 7, 8, 9))
+FLAT = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, overhead_ms_per_row=OH)
+FREE = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, draft_curve=(5, 7, 8, 9))
+
+
+@pytest.mark.parametrize("gamma", range(5))
+def test_a_step_of_k_rows_costs_k_rows_overhead_in_the_model_and_the_replay(gamma):
+    rows = gamma + 1
+    assert CURVE.overhead(rows) == pytest.approx(rows * OH)
+    assert CURVE.step_ms(gamma) - FREE.step_ms(gamma) == pytest.approx(rows * OH)
+    for s in (Step(gamma, 0, 1, gamma > 0), Step(gamma, gamma, gamma + 1)):
+        assert step_ms(s, CURVE) - step_ms(s, FREE) == pytest.approx(rows * OH)
+    # a step rejected at its first draft, without a draft curve: the model's step is the replay's
+    assert FLAT.step_ms(gamma) == pytest.approx(step_ms(Step(gamma, 0, 1, gamma > 0), FLAT))
+    assert CURVE.step_ms(0) == pytest.approx(step_ms(Step(0, 0, 1), CURVE))  # a plain decode: no draft at all
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("backlog", [0, 2])
+def test_the_controllers_price_is_the_replays_step_cost(gamma, backlog):
+    """probe_price is the expected step cost less the tokens it is worth: the replay's cost of the step, averaged
+    over all its drafts accepted (w.p. alpha^gamma: the draft's bonus catch-up) or not, at the same backlog."""
+    ctl = AdaptiveGamma(CURVE, 4)
+    ctl.backlog = backlog
+    a = ctl.alpha
+    replayed = (a ** gamma * step_ms(Step(gamma, gamma, gamma + 1), CURVE, backlog)
+                + (1 - a ** gamma) * step_ms(Step(gamma, 0, 1, True), CURVE, backlog))
+    assert ctl.probe_price(gamma) + expected_tokens(a, gamma) * CURVE.target_ms[0] == pytest.approx(replayed)
+
+
+def test_plain_steps_in_the_predicted_speedup_pay_one_rows_overhead():
+    # half the steps propose 2 (3 rows), half decode plainly (1 row): 1.375 tokens per 0.5 x (4 + 60 + 3 x 0.7)
+    # + 0.5 x (30 + 0.7) ms
+    ms = 0.5 * (2 * 5 + 60 + 3 * OH) + 0.5 * (30 + OH)
+    assert predicted_speedup(0.5, 2, FLAT, share=0.5) == pytest.approx(1.375 * 30 / ms)
+
+
+def test_per_call_figures_become_per_row():
+    """A sweep row's overhead per target call, over its calls' rows: 10 calls proposing 20 drafts verified 30
+    rows, so 3 ms per call is 1 ms per row; the replay's costs record (from plain steps) is per row already."""
+    assert overhead_per_row({"overhead_ms_per_call": 3.0, "target_calls": 10, "proposed": 20}) == pytest.approx(1.0)
+    assert overhead_per_row({"overhead_ms_per_call": None, "target_calls": 10, "proposed": 20}) == 0.0
+    rec = {"contexts": [100], "target_ms_by_context": [[19.0, 30.0]], "draft_ms_by_context": [[4.0, 6.0]],
+           "overhead_ms": 0.5}
+    c = costs_at(rec, 100, 20.0)
+    assert c.overhead_ms_per_row == 0.5 and c.target_ms[0] == pytest.approx(19.5)  # a plain decode less its row
