@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.errors import HarnessError
+from harness.gamma import gamma_cap
 
 
 def expected_tokens(alpha, gamma: int):
@@ -163,7 +164,7 @@ class AdaptiveGamma:
     def choose(self, remaining: int = 1 << 20) -> int:
         """The next step's gamma, at most remaining - 1 (the target adds one token of its own)."""
         self.costs = c = self._scaled()
-        a, top = self.alpha, min(self.gamma_max, remaining - 1)
+        a, top = self.alpha, gamma_cap(self.gamma_max, remaining)
         g = best_speculative(a, c, top)
         # predicted to lose against plain decoding, it can still pay as a probe: the least costly speculative
         # step, which also observes the most positions per ms

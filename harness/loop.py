@@ -1,21 +1,26 @@
 """The generation loop: speculative (a proposer and the target verifier) and plain decoding, the same code
-path with gamma = 0. Each step becomes one trace record; each generation one more."""
+path with gamma = 0. Each step becomes one trace record; each generation one more.
+
+A sequence's step after the target's decode (`advance`) is shared with the slots loop (concurrency/loop.py).
+Not one slot of it: this one takes any Proposer, the adaptive controller, the prompt cache and the single-sequence
+decode that runs at llama-bench's speed; that one needs sequence ids and its own batched draft."""
 from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from harness.divergence import margin as top2_margin
 from harness.engine import Engine
 from harness.errors import HarnessError
+from harness.gamma import gamma_cap
 from harness.promptcache import PromptCache, evaluate_prompt, timed
 from harness.proposers import Proposal
 from harness.sampling import Policy, process, top_prob
 from harness.trace import TraceWriter
-from harness.verify import verify_exact, verify_greedy, verify_stochastic
+from harness.verify import Verdict, verify_exact, verify_greedy, verify_stochastic
 
 
 @dataclass
@@ -78,6 +83,56 @@ def outcome(verdict, prop: Proposal, eog, remaining: int) -> Outcome:
     return Outcome(new[:remaining], src[:remaining], k, rejected_at, stop_token)
 
 
+@dataclass
+class Seq:
+    """One generation's state, what each step extends; rng: its target stream (streams())."""
+    ctx: list[int]
+    rng: np.random.Generator
+    out: list[int] = field(default_factory=list)
+    from_draft: list[bool] = field(default_factory=list)
+    steps: int = 0
+    stop: str = "max_tokens"
+    stop_token: int | None = None
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """A step's result for its sequence: the verdict, what it added, its trace record's fields (the loop adds its
+    times) and the seconds spent on instrumentation, which no generation time counts."""
+    verdict: Verdict
+    outcome: Outcome
+    rec: dict
+    instr_s: float
+
+
+def advance(s: Seq, logits: np.ndarray, prop: Proposal, g: int, policy: Policy, rule: str, eog, max_tokens: int,
+            baseline: bool, trim) -> Advanced:
+    """One sequence's step after the target decoded its block (`logits`: the block's rows): verify, record the
+    target's confidence (and, plain greedy, its top-2 margin), extend the sequence, and roll the target's KV
+    back to its context with trim(n_keep)."""
+    n_prop = len(prop.tokens)
+    verdict = check(logits, prop, policy, s.rng, rule)
+    i0 = time.perf_counter()
+    conf = [top_prob(row) for row in logits[:n_prop + 1]]
+    margin = top2_margin(logits[0]) if n_prop == 0 and baseline and policy.greedy else None
+    instr = time.perf_counter() - i0
+    o = outcome(verdict, prop, eog, max_tokens - len(s.out))
+    if o.stop_token is not None:
+        s.stop, s.stop_token = "eos", o.stop_token
+    s.ctx += o.new
+    s.out += o.new
+    s.from_draft += o.src
+    trim(len(s.ctx) - 1)
+    rec = {"type": "step", "step": s.steps, "gamma": g, "proposed": n_prop, "accepted": o.accepted,
+           "accepted_raw": verdict.accepted, "rejected_at": o.rejected_at, "token": verdict.token,
+           "emitted": len(o.new), "alpha": [round(a, 6) for a in verdict.alpha],
+           "target_conf": [round(c, 6) for c in conf]}
+    if margin is not None:
+        rec["margin"] = round(margin, 5)
+    s.steps += 1
+    return Advanced(verdict, o, rec, instr)
+
+
 def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=0,
              trace: TraceWriter | None = None, mode: str | None = None, rule: str = "leviathan",
              cache: PromptCache | None = None) -> dict:
@@ -93,74 +148,50 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
     trace = trace or TraceWriter(None)
     rng, draft_rng = streams(policy, req)
     eog = target.vocab.is_eog
-    ctx = list(req.tokens)
-    out: list[int] = []
-    from_draft: list[bool] = []
+    s = Seq(list(req.tokens), rng)
     target.reset()
     target.perf_reset()
-    prompt_ms = timed(cache, lambda: evaluate_prompt(target, ctx[:-1], cache))
+    prompt_ms = timed(cache, lambda: evaluate_prompt(target, s.ctx[:-1], cache))
     draft_prefill_ms = 0.0
     if proposer is not None:
         proposer.rng = draft_rng
-        draft_prefill_ms = timed(cache, lambda: proposer.prefill(ctx, policy))
+        draft_prefill_ms = timed(cache, lambda: proposer.prefill(s.ctx, policy))
     t_gen = time.perf_counter()
     instr_total = 0.0
-    stop, stop_token = "max_tokens", None
-    step = drafted = 0  # drafted: steps that ran the proposer
-    while len(out) < req.max_tokens:
-        remaining = req.max_tokens - len(out)
-        g = 0 if proposer is None else ctl.choose(remaining) if ctl else min(gamma, remaining - 1)
+    drafted = 0  # steps that ran the proposer
+    while len(s.out) < req.max_tokens:
+        remaining = req.max_tokens - len(s.out)
+        g = 0 if proposer is None else ctl.choose(remaining) if ctl else gamma_cap(gamma, remaining)
         drafted += g > 0
         s0 = time.perf_counter()
-        prop = proposer.propose(ctx, g) if g > 0 else Proposal()
+        prop = proposer.propose(s.ctx, g) if g > 0 else Proposal()
         s1 = time.perf_counter()
-        block = [ctx[-1], *prop.tokens]
-        logits = target.decode(block, logits="all")
+        logits = target.decode([s.ctx[-1], *prop.tokens], logits="all")
         s2 = time.perf_counter()
-        n_prop = len(prop.tokens)
-        verdict = check(logits, prop, policy, rng, rule)
-        i0 = time.perf_counter()
-        conf = [top_prob(row) for row in logits[:n_prop + 1]]
-        margin = top2_margin(logits[0]) if n_prop == 0 and mode == "baseline" and policy.greedy else None
-        instr = time.perf_counter() - i0
-        o = outcome(verdict, prop, eog, remaining)
-        k, rejected_at, new, src = o.accepted, o.rejected_at, o.new, o.src
-        if o.stop_token is not None:
-            stop, stop_token = "eos", o.stop_token
-        ctx += new
-        out += new
-        from_draft += src
-        target.trim(len(ctx) - 1)
-        if proposer is not None and stop != "eos":
-            proposer.accepted(ctx, k)
+        a = advance(s, logits, prop, g, policy, rule, eog, req.max_tokens, mode == "baseline", target.trim)
+        if proposer is not None and s.stop != "eos":
+            proposer.accepted(s.ctx, a.outcome.accepted)
         s3 = time.perf_counter()
-        instr_total += instr
+        instr_total += a.instr_s
         if ctl:  # each model's first decode in a generation pays a one-off warm-up (1.5-2x): not a cost to learn
-            ctl.observe(verdict.alpha[:k + (rejected_at is not None)], n_prop, (s1 - s0) * 1e3 if drafted > 1 else None,
-                        (s2 - s1) * 1e3 if step else None)
-        rec = {"type": "step", "step": step, "gamma": g, "proposed": n_prop, "accepted": k,
-               "accepted_raw": verdict.accepted,
-               "rejected_at": rejected_at, "token": verdict.token, "emitted": len(new),
-               "alpha": [round(a, 6) for a in verdict.alpha], "target_conf": [round(c, 6) for c in conf],
-               "draft_ms": (s1 - s0) * 1e3, "verify_ms": (s2 - s1) * 1e3,
-               "overhead_ms": (s3 - s2 - instr) * 1e3}
-        if margin is not None:
-            rec["margin"] = round(margin, 5)
-        trace.write(rec)
-        step += 1
-        if stop == "eos":
+            k = a.outcome.accepted
+            ctl.observe(a.verdict.alpha[:k + (a.outcome.rejected_at is not None)], len(prop.tokens),
+                        (s1 - s0) * 1e3 if drafted > 1 else None, (s2 - s1) * 1e3 if s.steps > 1 else None)
+        trace.write(a.rec | {"draft_ms": (s1 - s0) * 1e3, "verify_ms": (s2 - s1) * 1e3,
+                             "overhead_ms": (s3 - s2 - a.instr_s) * 1e3})
+        if s.stop == "eos":
             break
     t_end = time.perf_counter()
     gen_ms = (t_end - t_gen - instr_total) * 1e3
     perf = target.perf()
     latency = None if prompt_ms is None or draft_prefill_ms is None else gen_ms + prompt_ms + draft_prefill_ms
     rec = {"type": "generation", "mode": mode, "prompt_id": req.prompt_id, "category": req.category,
-           "prompt_tokens": len(req.tokens), "n_tokens": len(out), "tokens": out,
-           "from_draft": "".join("d" if s else "t" for s in from_draft),
-           "text": target.vocab.detokenize(out), "stop": stop, "stop_token": stop_token, "steps": step,
+           "prompt_tokens": len(req.tokens), "n_tokens": len(s.out), "tokens": s.out,
+           "from_draft": "".join("d" if x else "t" for x in s.from_draft),
+           "text": target.vocab.detokenize(s.out), "stop": s.stop, "stop_token": s.stop_token, "steps": s.steps,
            "prompt_cached": prompt_ms is None, "prompt_eval_ms": prompt_ms, "draft_prefill_ms": draft_prefill_ms,
            "gen_ms": gen_ms, "latency_ms": latency, "instrument_ms": instr_total * 1e3,
-           "tokens_per_s": len(out) / gen_ms * 1e3 if gen_ms > 0 else 0.0,
+           "tokens_per_s": len(s.out) / gen_ms * 1e3 if gen_ms > 0 else 0.0,
            "llama_eval_ms": perf["eval_ms"], "llama_n_eval": perf["n_eval"]}
     trace.write(rec)
     return rec

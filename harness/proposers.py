@@ -43,6 +43,10 @@ class Drafting:
                              f"n-min {self.n_min}" if self.n_min else "", also) if x]
         return draft + (f" ({', '.join(extra)})" if extra else "")
 
+    def kept(self, prop: Proposal) -> Proposal:
+        """The proposal, or none where it is shorter than n_min."""
+        return prop if len(prop.tokens) >= self.n_min else Proposal()
+
 
 @dataclass
 class Proposal:
@@ -73,6 +77,40 @@ def draft_pick(row: np.ndarray, policy: Policy, d: Drafting, rng: np.random.Gene
     return (int(q.ids[0]) if policy.greedy else q.sample(rng)), q
 
 
+@dataclass
+class DraftKV:
+    """A draft model's cache of one sequence, for the single-sequence proposer and the batched draft alike: it holds
+    the sequence's context up to `past`, then proposals but the last."""
+    past: int = 0
+
+    def catch_up(self, context: list[int]) -> list[int]:
+        """The context's tokens beyond the cache (its last; two after a step that accepted every draft), which the
+        caller decodes now."""
+        behind = context[self.past:]
+        self.past = len(context)
+        return behind
+
+    def pick(self, prop: Proposal, row: np.ndarray, policy: Policy, d: Drafting, rng: np.random.Generator,
+             n: int) -> bool:
+        """Add the draft's next token, from its logits row, to prop. True where the caller decodes that token for
+        one more (at position past - 1): prop is still short of n and p-min did not stop it."""
+        picked = draft_pick(row, policy, d, rng)
+        if picked is None:
+            return False
+        prop.tokens.append(picked[0])
+        prop.q.append(picked[1])
+        if len(prop.tokens) == n:
+            return False
+        self.past += 1
+        return True
+
+    def accepted(self, context: list[int]) -> int:
+        """After verification: the cache keeps what the new context shares with it. Returns that length, to trim
+        the draft's KV to."""
+        self.past = min(self.past, len(context) - 1)
+        return self.past
+
+
 class DraftModelProposer:
     """A smaller model with the same tokenizer, sampling from its own processed distribution q. cache: the run's
     prompt cache, through which it evaluates each prompt."""
@@ -85,30 +123,25 @@ class DraftModelProposer:
         self.cache = cache
         self.policy = Policy()
         self.rng = np.random.default_rng(0)
+        self.kv = DraftKV()
 
     def prefill(self, prompt: list[int], policy: Policy) -> None:
         """Start a generation: take its policy, evaluate the prompt (all but its last token)."""
         self.policy = policy
         self.engine.reset()
         evaluate_prompt(self.engine, prompt[:-1], self.cache)
+        self.kv = DraftKV(self.engine.n_past)
 
     def propose(self, context: list[int], n: int) -> Proposal:
-        eng, d = self.engine, self.drafting
-        logits = eng.decode(context[eng.n_past:], logits="last")
+        """Up to n >= 1 drafts."""
+        logits = self.engine.decode(self.kv.catch_up(context), logits="last")
         out = Proposal()
-        for i in range(n):
-            picked = draft_pick(logits[0], self.policy, d, self.rng)
-            if picked is None:
-                break
-            out.tokens.append(picked[0])
-            out.q.append(picked[1])
-            if i < n - 1:
-                logits = eng.decode([picked[0]], logits="last")
-        return out if len(out.tokens) >= d.n_min else Proposal()
+        while self.kv.pick(out, logits[0], self.policy, self.drafting, self.rng, n):
+            logits = self.engine.decode(out.tokens[-1:], logits="last")
+        return self.drafting.kept(out)
 
     def accepted(self, context: list[int], n_accepted: int) -> None:
-        # The cache holds the old context plus the proposals but the last; keep what the new context shares.
-        self.engine.trim(min(self.engine.n_past, len(context) - 1))
+        self.engine.trim(self.kv.accepted(context))
 
 
 class NgramProposer:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from harness.gamma import gamma_cap
+
 
 @dataclass(frozen=True)
 class Step:
@@ -52,7 +54,7 @@ def greedy_steps(match: Sequence[bool], n: int, max_tokens: int, gamma: int, eos
     left), from the draft's per-position matches (n + eos entries)."""
     steps, j = [], 0
     while j < n + eos and j < max_tokens:
-        g = min(gamma, max_tokens - j - 1)
+        g = gamma_cap(gamma, max_tokens - j)
         k = 0
         while k < g and j + k < len(match) and match[j + k]:
             k += 1
@@ -73,7 +75,7 @@ def ngram_steps(context: Sequence[int], out: Sequence[int], eos_token: int | Non
     n, eos = len(out), eos_token is not None
     steps, j = [], 0
     while j < n + eos and j < max_tokens:
-        g = min(gamma, max_tokens - j - 1)
+        g = gamma_cap(gamma, max_tokens - j)
         tokens = propose([*context, *out[:j]], g) if g > 0 else []
         k = 0
         while k < len(tokens) and j + k < len(target) and tokens[k] == target[j + k]:
@@ -114,7 +116,7 @@ def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int,
         if not start[j]:
             continue
         probs = blocks[j] if blocks is not None else alpha[j:]
-        g = min(gamma, max_tokens - j - 1, len(probs) if blocks is not None else gamma)
+        g = min(gamma_cap(gamma, max_tokens - j), len(probs) if blocks is not None else gamma)
         out["steps"] += start[j]
         out["vsteps"] += start[j] * (g > 0)
         out["proposed"] += start[j] * g

@@ -2,7 +2,8 @@
 step holding every active sequence's token (plain) or verification block (speculative), the draft batched the
 same way. A sequence that finishes frees its slot for the next request, so the batch stays full until the
 requests run out. Each sequence keeps its own positions, KV range (rolled back on its own) and random streams
-(its request's, as the single-sequence loop's): the verifier is loop.check per sequence, so outputs stay lossless.
+(its request's, as the single-sequence loop's): each sequence's step after the decode is loop.advance, the
+single-sequence loop's, so outputs stay lossless and the step records the same.
 
 Trace records: a step record per sequence and step (the step's shared draft, verify and overhead times; `batch`
 tokens the target decoded in it, `active` sequences), a generation record per request (gen_ms: the steps it took
@@ -11,33 +12,35 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
-from harness.divergence import margin as top2_margin
 from harness.engine import Engine
-from harness.loop import Request, check, outcome, streams
-from harness.proposers import Drafting, NgramProposer, Proposal, draft_pick
-from harness.sampling import Policy, top_prob
+from harness.gamma import gamma_cap
+from harness.loop import Request, Seq, advance, streams
+from harness.proposers import DraftKV, Drafting, NgramProposer, Proposal
+from harness.sampling import Policy
 from harness.trace import TraceWriter
 
 
-@dataclass
-class Slot:
+@dataclass(kw_only=True)
+class Slot(Seq):
     seq: int
     req: Request
-    rng: np.random.Generator
     draft_rng: np.random.Generator
     t_enter: float
-    prefill_ms: float
-    ctx: list[int] = field(default_factory=list)
-    out: list[int] = field(default_factory=list)
-    from_draft: list[bool] = field(default_factory=list)
+    prefill_ms: float = 0.0
     gen_ms: float = 0.0
-    steps: int = 0
-    stop: str = "max_tokens"
-    stop_token: int | None = None
-    draft_past: int = 0  # tokens in the draft's cache for this sequence
+    draft: DraftKV = field(default_factory=DraftKV)  # the draft's cache of this sequence
+
+
+def _prefill(engine: Engine, s: Slot) -> None:
+    """The request's prompt, all but its last token, into s's sequence of engine (the target's or the draft's)."""
+    engine.seq_trim(s.seq, 0)
+    prompt, nb = s.req.tokens[:-1], engine.cfg.n_batch
+    for i in range(0, len(prompt), nb):
+        engine.decode_rows([(s.seq, i + j, t, False) for j, t in enumerate(prompt[i:i + nb])])
 
 
 class BatchedDraft:
@@ -48,53 +51,32 @@ class BatchedDraft:
         self.engine, self.drafting = engine, drafting
 
     def prefill(self, s: Slot) -> None:
-        e = self.engine
-        e.seq_trim(s.seq, 0)
-        prompt = s.req.tokens[:-1]
-        for i in range(0, len(prompt), e.cfg.n_batch):
-            e.decode_rows([(s.seq, i + j, t, False) for j, t in enumerate(prompt[i:i + e.cfg.n_batch])])
-        s.draft_past = len(prompt)
+        _prefill(self.engine, s)
+        s.draft = DraftKV(len(s.req.tokens) - 1)
 
     def propose(self, slots: list[Slot], gammas: list[int], policy: Policy) -> list[Proposal]:
         out = [Proposal() for _ in slots]
         live = [i for i, g in enumerate(gammas) if g > 0]
-        # catch up: what each sequence's context holds beyond the draft's cache (the last token, or two)
-        rows = [(slots[i].seq, p, slots[i].ctx[p], p == len(slots[i].ctx) - 1)
-                for i in live for p in range(slots[i].draft_past, len(slots[i].ctx))]
+        rows = []
         for i in live:
-            slots[i].draft_past = len(slots[i].ctx)
+            s = slots[i]
+            at = s.draft.past
+            behind = s.draft.catch_up(s.ctx)
+            rows += [(s.seq, at + j, t, j == len(behind) - 1) for j, t in enumerate(behind)]
         logits = self.engine.decode_rows(rows) if rows else None
-        for step in range(max(gammas, default=0)):
-            if not live:
-                break
+        while live:
             nxt, feed = [], []
             for r, i in enumerate(live):
-                picked = draft_pick(logits[r], policy, self.drafting, slots[i].draft_rng)
-                if picked is None:
-                    continue
-                out[i].tokens.append(picked[0])
-                out[i].q.append(picked[1])
-                if step + 1 < gammas[i]:
+                s = slots[i]
+                if s.draft.pick(out[i], logits[r], policy, self.drafting, s.draft_rng, gammas[i]):
                     nxt.append(i)
-                    feed.append((slots[i].seq, slots[i].draft_past, picked[0], True))
-                    slots[i].draft_past += 1
+                    feed.append((s.seq, s.draft.past - 1, out[i].tokens[-1], True))
             live = nxt
             logits = self.engine.decode_rows(feed) if feed else None
-        n_min = self.drafting.n_min
-        return [p if len(p.tokens) >= n_min else Proposal() for p in out]
+        return [self.drafting.kept(p) for p in out]
 
     def accepted(self, s: Slot) -> None:
-        keep = min(s.draft_past, len(s.ctx) - 1)
-        self.engine.seq_trim(s.seq, keep)
-        s.draft_past = keep
-
-
-def _prefill_target(target: Engine, s: Slot) -> None:
-    target.seq_trim(s.seq, 0)
-    prompt = s.req.tokens[:-1]
-    nb = target.cfg.n_batch
-    for i in range(0, len(prompt), nb):
-        target.decode_rows([(s.seq, i + j, t, False) for j, t in enumerate(prompt[i:i + nb])])
+        self.engine.seq_trim(s.seq, s.draft.accepted(s.ctx))
 
 
 def generate_concurrent(target: Engine, requests: list[Request], policy: Policy, n_parallel: int, proposer=None,
@@ -119,15 +101,16 @@ def generate_concurrent(target: Engine, requests: list[Request], policy: Policy,
         while queue and free:  # a free slot takes the next request: its prompt, then it joins the next step
             req, t0 = queue.pop(0), time.perf_counter()
             # the request's streams, not the slot's: it may take another slot in its plain twin's batch
-            s = Slot(free.pop(0), req, *streams(policy, req), t0, 0.0, ctx=list(req.tokens))
-            _prefill_target(target, s)
+            rng, draft_rng = streams(policy, req)
+            s = Slot(list(req.tokens), rng, seq=free.pop(0), req=req, draft_rng=draft_rng, t_enter=t0)
+            _prefill(target, s)
             if isinstance(proposer, BatchedDraft):
                 proposer.prefill(s)
             s.prefill_ms = (time.perf_counter() - t0) * 1e3
             prefill_ms += s.prefill_ms
             active.append(s)
         s0 = time.perf_counter()
-        gammas = [0 if proposer is None else min(gamma, s.req.max_tokens - len(s.out) - 1) for s in active]
+        gammas = [0 if proposer is None else gamma_cap(gamma, s.req.max_tokens - len(s.out)) for s in active]
         if isinstance(proposer, BatchedDraft):
             props = proposer.propose(active, gammas, policy)
         elif isinstance(proposer, NgramProposer):
@@ -144,30 +127,13 @@ def generate_concurrent(target: Engine, requests: list[Request], policy: Policy,
         for s, p, g in zip(active, props, gammas):
             block = logits[at:at + len(p.tokens) + 1]
             at += len(block)
-            verdict = check(block, p, policy, s.rng, rule)
-            i0 = time.perf_counter()
-            conf = [top_prob(row) for row in block]
-            margin = top2_margin(block[0]) if not p.tokens and mode == "baseline" and policy.greedy else None
-            instr += time.perf_counter() - i0
-            o = outcome(verdict, p, eog, s.req.max_tokens - len(s.out))
-            s.ctx += o.new
-            s.out += o.new
-            s.from_draft += o.src
-            target.seq_trim(s.seq, len(s.ctx) - 1)
-            if o.stop_token is not None:
-                s.stop, s.stop_token = "eos", o.stop_token
-            elif isinstance(proposer, BatchedDraft):
+            a = advance(s, block, p, g, policy, rule, eog, s.req.max_tokens, mode == "baseline",
+                        partial(target.seq_trim, s.seq))
+            instr += a.instr_s
+            if s.stop != "eos" and isinstance(proposer, BatchedDraft):
                 proposer.accepted(s)
-            rec = {"type": "step", "step": s.steps, "batch_step": step, "seq": s.seq, "active": len(active),
-                   "batch": len(rows), "gamma": g, "proposed": len(p.tokens),
-                   "accepted": o.accepted, "accepted_raw": verdict.accepted, "rejected_at": o.rejected_at,
-                   "token": verdict.token, "emitted": len(o.new), "alpha": [round(a, 6) for a in verdict.alpha],
-                   "target_conf": [round(c, 6) for c in conf], "prompt_id": s.req.prompt_id,
-                   "category": s.req.category}
-            if margin is not None:
-                rec["margin"] = round(margin, 5)
-            recs.append(rec)
-            s.steps += 1
+            recs.append(a.rec | {"batch_step": step, "seq": s.seq, "active": len(active), "batch": len(rows),
+                                 "prompt_id": s.req.prompt_id, "category": s.req.category})
             if s.stop == "eos" or len(s.out) >= s.req.max_tokens:
                 done.append(s)
         s3 = time.perf_counter()
