@@ -176,6 +176,7 @@ def check(target, draft, prompts_path, as_json):
                                "compute buffer).")
 @click.option("--parallel", help="Comma list of how many requests decode together, each its own sequence in one "
                                  "context (llama-server's -np); --n-ctx is shared among them (default 1).")
+@click.option("--kv-unified", help="Comma list of off, on: the sequences' KV in one buffer (llama-server's -kvu).")
 @click.option("--categories", help="Comma list of prompt categories.")
 @click.option("--prompts", help="Comma list of prompt JSONL files (instead of prompts/<category>.jsonl).")
 @click.option("--per-category", type=int, help="Prompts per category (0 = all).")
@@ -234,8 +235,7 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_ru
                                "--skip-unsupported (start a new run for other options)")
         if not Path(resume).is_dir():
             raise HarnessError(f"--resume {resume}: no such run directory")
-        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command, allow_busy,
-                  rerun_busy)
+        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command, allow_busy, rerun_busy)
         return
     if rerun_busy:
         raise HarnessError("--rerun-busy measures again what a run measured on a busy machine: give --resume RUN_DIR")

@@ -16,7 +16,7 @@ from harness.sampling import Policy
 
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads", "verify",
              "draft_p_min", "draft_n_min", "cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft",
-             "flash_attn", "ubatch", "parallel")
+             "flash_attn", "ubatch", "parallel", "kv_unified")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset",
                "min_gain", "prompt_cache", "also")
@@ -48,6 +48,7 @@ class Params:
     flash_attn: list[str] = field(default_factory=lambda: ["auto"])  # both models, as llama.cpp's -fa
     ubatch: list[int] = field(default_factory=lambda: [512])  # both models' n_ubatch
     parallel: list[int] = field(default_factory=lambda: [1])  # requests decoded together (llama-server's -np)
+    kv_unified: list[str] = field(default_factory=lambda: ["off"])  # on: their KV in one buffer (-kvu)
     categories: list[str] = field(default_factory=list)
     prompts: list[str] = field(default_factory=list)
     per_category: int = 0
@@ -130,7 +131,8 @@ def make_params(profile: dict, overrides: dict) -> Params:
 def check(p: Params) -> None:
     """Values that cannot run, refused in one line before anything starts."""
     for what, ok in (("--repeat must be >= 1", p.repeat >= 1), ("--max-tokens must be >= 0 (0 = each prompt's own)",
-                     p.max_tokens >= 0), ("--per-category must be >= 0 (0 = every prompt)", p.per_category >= 0)):
+                     p.max_tokens >= 0), ("--per-category must be >= 0 (0 = every prompt)", p.per_category >= 0),
+                     (f"--kv-unified takes on, off or both, got {p.kv_unified}", set(p.kv_unified) <= {"on", "off"})):
         if not ok:
             raise HarnessError(what)
     for key in ("threads", "ngl", "ngl_draft"):
@@ -221,10 +223,8 @@ def _as_list(key: str, v) -> list:
     items = v if isinstance(v, list) else [x.strip() for x in str(v).split(",") if x.strip()]
     if key == "gamma":
         return [_gamma(x) for x in items]
-    conv = {"target": str, "draft": str, "temp": float, "top_p": float, "top_k": int, "min_p": float, "ngl": int,
-            "ngl_draft": int, "threads": int, "verify": str, "draft_p_min": float, "draft_n_min": int,
-            "cache_type_k": str, "cache_type_v": str, "cache_type_k_draft": str, "cache_type_v_draft": str,
-            "flash_attn": str, "ubatch": int, "parallel": int}[key]
+    default = getattr(Params(), key)
+    conv = type(default[0]) if default else str  # each list's values are of its default's type
     try:
         if any(isinstance(x, (list, dict)) for x in items):
             raise ValueError
@@ -266,6 +266,7 @@ class Instance:
     cache_k_draft: str = "f16"
     cache_v_draft: str = "f16"
     parallel: int = 1  # requests decoded together, each its own sequence in the context (harness.concurrency)
+    kv_unified: bool = False  # the sequences' KV in one buffer: llama.cpp then decodes an uneven batch in one graph
 
     @property
     def gamma_label(self) -> str:
@@ -291,14 +292,14 @@ class Instance:
         parts = [f"KV {self.cache_k}/{self.cache_v}" if (self.cache_k, self.cache_v) != ("f16", "f16") else "",
                  f"FA {self.flash_attn}" if self.flash_attn != "auto" else "",
                  f"ubatch {self.ubatch}" if self.ubatch != 512 else "",
-                 f"parallel {self.parallel}" if self.parallel != 1 else ""]
+                 f"parallel {self.parallel}" if self.parallel != 1 else "", "unified KV" if self.kv_unified else ""]
         return ", ".join(x for x in parts if x)
 
     def engine_config(self, n_ctx: int):
         from harness.engine import EngineConfig
         return EngineConfig(n_ctx=n_ctx, n_gpu_layers=self.ngl, threads=self.threads, cache_k=self.cache_k,
                             cache_v=self.cache_v, flash_attn=self.flash_attn, n_ubatch=self.ubatch,
-                            n_seq=self.parallel)
+                            n_seq=self.parallel, kv_unified=self.kv_unified)
 
     def draft_engine_config(self, n_ctx: int):
         from dataclasses import replace
@@ -308,7 +309,8 @@ class Instance:
     def plain(self) -> "Instance":
         """The plain baseline of this configuration's target, policy, offload, threads and context settings."""
         return Instance(self.target, "none", 0, self.policy, self.ngl, 0, self.threads, cache_k=self.cache_k,
-                        cache_v=self.cache_v, flash_attn=self.flash_attn, ubatch=self.ubatch, parallel=self.parallel)
+                        cache_v=self.cache_v, flash_attn=self.flash_attn, ubatch=self.ubatch, parallel=self.parallel,
+                        kv_unified=self.kv_unified)
 
     @property
     def id(self) -> str:
@@ -322,7 +324,7 @@ class Instance:
 # fields added after runs were first recorded: at their defaults they stay out of the id
 LATER_DEFAULTS = {f.name: f.default for f in fields(Instance) if f.name in (
     "verify", "p_min", "n_min", "cache_k", "cache_v", "flash_attn", "ubatch", "cache_k_draft", "cache_v_draft",
-    "parallel")}
+    "parallel", "kv_unified")}
 
 
 def _draftings(p: Params, draft: str, greedy: bool) -> list[tuple[str, float, int]]:
@@ -367,9 +369,10 @@ def _expand(p: Params) -> list[Instance]:
     policies = list(dict.fromkeys(Policy(0.0, 0, 1.0, 0.0, p.seed) if x.greedy else x for x in policies))
     from harness.pair import parse_ngram
     out: list[Instance] = []
-    for target, ngl, threads, pol, ck, cv, fa, ub, n in itertools.product(
-            p.target, p.ngl, p.threads, policies, p.cache_type_k, p.cache_type_v, p.flash_attn, p.ubatch, p.parallel):
-        ctx = {"cache_k": ck, "cache_v": cv, "flash_attn": fa, "ubatch": ub, "parallel": n}
+    for target, ngl, threads, pol, *knobs in itertools.product(p.target, p.ngl, p.threads, policies, p.cache_type_k,
+            p.cache_type_v, p.flash_attn, p.ubatch, p.parallel, p.kv_unified):
+        ctx = dict(zip(("cache_k", "cache_v", "flash_attn", "ubatch", "parallel", "kv_unified"), knobs))
+        ctx["kv_unified"] = ctx["kv_unified"] == "on" and ctx["parallel"] > 1  # one sequence: one buffer either way
         base = Instance(target, "none", 0, pol.as_dict(), ngl, 0, threads, **ctx)
         base.engine_config(p.n_ctx)  # refuses an unknown type or a quantized V cache without flash attention
         out.append(base)

@@ -20,10 +20,11 @@ SAMPLED = Policy(0.7, 0, 0.9, 0.0, 0).as_dict()
 CATALOG = {"tgt": Model("tgt", "path", source_path=Path("/models/t 1.5b.gguf")),
            "dft": Model("dft", "path", source_path=Path("/models/d.gguf"))}
 # every flag howto can emit, by tool
-EMITTED = {"server": ["-m", "-ngl", "-c", "-np", "-t", "-ctk", "-ctv", "-fa", "-ub", "--temp", "--top-k", "--top-p",
-                      "--min-p", "-s", "--spec-type", "--spec-draft-model", "--spec-draft-n-max", "--spec-draft-p-min",
-                      "--spec-draft-n-min", "--spec-draft-ngl", "--spec-draft-threads", "--spec-draft-type-k",
-                      "--spec-draft-type-v", "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"],
+EMITTED = {"server": ["-m", "-ngl", "-c", "-np", "-kvu", "-t", "-ctk", "-ctv", "-fa", "-ub", "--temp", "--top-k",
+                      "--top-p", "--min-p", "-s", "--spec-type", "--spec-draft-model", "--spec-draft-n-max",
+                      "--spec-draft-p-min", "--spec-draft-n-min", "--spec-draft-ngl", "--spec-draft-threads",
+                      "--spec-draft-type-k", "--spec-draft-type-v", "--spec-ngram-simple-size-n",
+                      "--spec-ngram-simple-size-m"],
            "speculative": ["-m", "-ngl", "-c", "-t", "-ctk", "-ctv", "-fa", "-ub", "--temp", "--top-k", "--top-p",
                            "--min-p", "-s", "--spec-type", "--spec-draft-model", "--spec-draft-n-max",
                            "--spec-draft-p-min", "--spec-draft-n-min", "--spec-draft-ngl", "--spec-draft-threads",
@@ -128,7 +129,7 @@ def test_every_flag_is_llama_cpps():
             assert tags & {"common", tool} and f"-{tool}" not in tags, (tool, f, tags)
     cases = [howto("tgt", "dft", 4, SAMPLED, p_min=0.5, n_min=1, ngl=1, ngl_draft=1, threads=2, cache_k="q8_0",
                    cache_v="q8_0", cache_k_draft="q4_0", cache_v_draft="q8_0", flash_attn="on", ubatch=128,
-                   catalog=CATALOG),
+                   parallel=2, kv_unified=True, catalog=CATALOG),
              howto("tgt", "ngram:3", 2, GREEDY, catalog=CATALOG), howto("tgt", "none", 0, GREEDY, catalog=CATALOG)]
     for h in cases:
         assert set(flags_of(h.server)) <= set(EMITTED["server"])

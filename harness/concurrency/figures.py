@@ -1,6 +1,7 @@
 """Figures of concurrent decoding per (configuration, category), from trace records alone: total decode
 throughput, each sequence's, latency per request (mean, p95), acceptance per request, sequences in flight, the
-target's KV cells in use at the peak, and the batched cost model's prediction beside the measured speedup.
+target's KV cells in use at the peak, and the batched cost model's prediction beside the measured speedup: a
+batched run's steps priced in the shapes their records show (costs.shaped_step_ms).
 
 Total throughput is tokens over the time spent in decode steps (prompts' prefill left out, as in tokens/s per
 sequence); at N = 1 that is the sequential loop's own generation time. Latency runs from a request entering its
@@ -12,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 import polars as pl
 
-from harness.concurrency.costs import from_record, predicted_speedup, step_ms
+from harness.concurrency.costs import BatchCosts, from_record, predicted_speedup, shaped_step_ms, step_ms
 
 
 def _by(records: list[dict], kind: str) -> dict[tuple, list[dict]]:
@@ -23,18 +24,40 @@ def _by(records: list[dict], kind: str) -> dict[tuple, list[dict]]:
     return out
 
 
-def _decode(gens: list[dict], batches: list[dict]) -> dict:
-    """Throughput, latency and batch occupancy of one configuration's generations in one category."""
+def _batched(steps: list[dict]) -> list[list[dict]] | None:
+    """Each batched step's records, in batch order, the steps in order (None for a sequential run's records)."""
+    by_step = defaultdict(list)
+    for s in steps:
+        if "batch_step" not in s:
+            return None
+        by_step[(s.get("repeat") or 0, s["batch_step"])].append(s)  # a step's records come in batch order
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def _per_sequence(groups: list[list[dict]], prices: list[float]) -> float:
+    """The mean step a request waits through: each step weighted by the sequences in it (a full batch's steps
+    are the longest and hold the most requests)."""
+    return sum(len(g) * p for g, p in zip(groups, prices)) / sum(len(g) for g in groups)
+
+
+def _took(g: list[dict]) -> float:
+    return g[0]["draft_ms"] + g[0]["verify_ms"] + g[0]["overhead_ms"]  # each record repeats its step's times
+
+
+def _decode(gens: list[dict], batches: list[dict], steps: list[dict]) -> dict:
+    """Throughput, latency and batch occupancy of one configuration's generations in one category; step_ms: the
+    mean step a request waits through."""
     if not gens:
         return {}
     tokens = sum(g["n_tokens"] for g in gens)
     ms = sum(b["decode_ms"] for b in batches) if batches else sum(g["gen_ms"] for g in gens)
     lat = np.array([g["latency_ms"] for g in gens])
-    steps = sum(b["steps"] for b in batches)
+    n_steps, groups = sum(b["steps"] for b in batches), _batched(steps)
     return {"total_tokens_per_s": tokens / ms * 1e3 if ms > 0 else None,
-            "step_ms": ms / (steps or sum(g["steps"] for g in gens) or 1),
+            "step_ms": _per_sequence(groups, [_took(g) for g in groups]) if groups else
+            ms / (n_steps or sum(g["steps"] for g in gens) or 1),
             "latency_ms": float(lat.mean()), "latency_p95_ms": float(np.quantile(lat, 0.95)),
-            "mean_active": sum(b["mean_active"] * b["steps"] for b in batches) / steps if steps else 1.0,
+            "mean_active": sum(b["mean_active"] * b["steps"] for b in batches) / n_steps if n_steps else 1.0,
             "peak_positions": max((b["peak_positions"] for b in batches),
                                   default=max(g["prompt_tokens"] + g["n_tokens"] for g in gens)),
             "requests": len(gens), "slots_used": max((b["slots_used"] for b in batches), default=1)}
@@ -45,6 +68,31 @@ def _step_overhead(steps: list[dict]) -> float:
     seen = {(s.get("repeat"), s["batch_step"]) if "batch_step" in s else (s.get("prompt_id"), s.get("repeat"),
                                                                           s["step"]): s["overhead_ms"] for s in steps}
     return float(np.mean(list(seen.values()))) if seen else 0.0
+
+
+def _fed(step: dict) -> int:
+    """Drafts the draft model decoded back in a step: each but the last of a full-length draft."""
+    return min(step["proposed"], max(step["gamma"] - 1, 0))
+
+
+def _shaped_ms(costs: BatchCosts, groups: list[list[dict]], unified: bool, n_ubatch: int = 512) -> float:
+    """The batched steps as they ran, priced (their measured overhead added) and weighted as _per_sequence does;
+    each sequence's shapes replayed from its records: its block, the draft's catch-up (two tokens after a step
+    that accepted every draft fed back, one else: the bonus token the draft never saw) and the drafts fed back
+    (all but the last). A draft dropped for --draft-n-min records none, so its decodes go unpriced."""
+    prev: dict[tuple, dict] = {}
+    prices = []
+    for recs in groups:
+        catch_up = []
+        for s in recs:
+            key = (s.get("repeat") or 0, s.get("prompt_id"))
+            last = prev.get(key)
+            catch_up.append(0 if s["gamma"] == 0 else max(1, last["emitted"] - _fed(last)) if last else 1)
+            prev[key] = s
+        prices.append(recs[0]["overhead_ms"] + shaped_step_ms(
+            costs, [s["seq"] for s in recs], [1 + s["proposed"] for s in recs], catch_up, [_fed(s) for s in recs],
+            unified, n_ubatch))
+    return _per_sequence(groups, prices)
 
 
 def _per_request_acceptance(steps: list[dict]) -> tuple[float | None, float | None]:
@@ -75,7 +123,7 @@ def concurrency_frame(sweep: pl.DataFrame, records: list[dict], paired: list[dic
             ref, src = (cfg, cat, "baseline"), (p_gens, p_batches, p_steps)
         else:
             ref, src = (base_of.get(cfg), cat, "baseline"), (gens, batches, steps)
-        mine, plain = _decode(gens[own], batches[own]), _decode(src[0][ref], src[1][ref])
+        mine, plain = _decode(gens[own], batches[own], steps[own]), _decode(*(x[ref] for x in src))
         out = {"config": cfg, "category": cat, **{k: mine.get(k) for k in (
             "total_tokens_per_s", "latency_ms", "latency_p95_ms", "mean_active", "peak_positions", "requests",
             "slots_used")}} | {f"plain_{k}": plain.get(k) for k in ("total_tokens_per_s", "latency_ms",
@@ -86,9 +134,11 @@ def concurrency_frame(sweep: pl.DataFrame, records: list[dict], paired: list[dic
         if spec and cfg in costs and r["alpha"] is not None and mine and plain:
             c = from_record(costs[cfg], r["context"], r["gamma"], r["parallel"])
             share = r["verify_steps"] / r["target_calls"] if r["target_calls"] else 1.0
-            oh = _step_overhead(steps[own])
+            groups = _batched(steps[own])
+            pred = _shaped_ms(c, groups, bool(r.get("kv_unified")), r.get("ubatch") or 512) if groups else step_ms(
+                c, mine["mean_active"], r["gamma"], _step_overhead(steps[own]), share)
             out["predicted"] = predicted_speedup(r["alpha"], r["gamma"], c, mine["mean_active"], plain["step_ms"],
-                                                 oh, share)
-            out["predicted_step_ms"] = step_ms(c, mine["mean_active"], r["gamma"], oh, share)
+                                                 share=share, spec_step_ms=pred)
+            out["predicted_step_ms"] = pred
         rows.append(out)
     return pl.DataFrame(rows, infer_schema_length=None)

@@ -8,7 +8,11 @@ import polars as pl
 
 from harness.report.fmt import ci, f, mib, table
 
-KEYS = ["category", "policy", "parallel", "draft_label", "gamma_label"]
+KEYS = ["category", "policy", "parallel", "kv_unified", "draft_label", "gamma_label"]
+
+
+def _n(r: dict) -> str:
+    return f"{r['parallel']}, unified KV" if r.get("kv_unified") else str(r["parallel"])
 
 
 def _frame(data: dict[str, pl.DataFrame]) -> pl.DataFrame | None:
@@ -18,7 +22,7 @@ def _frame(data: dict[str, pl.DataFrame]) -> pl.DataFrame | None:
     cols = [*KEYS, "config", "draft", "speedup", "speedup_lo", "speedup_hi", "tokens_per_s", "acceptance_rate",
             "mean_accepted_len", "alpha", "kv_bytes_per_position", "host_kv_bytes", "device_kv_bytes"]
     return conc.join(sweep.select([c for c in cols if c in sweep.columns]), on=["config", "category"]).sort(
-        pl.col("policy") != "greedy", "category", "policy", "draft_label", "gamma_label", "parallel")
+        pl.col("policy") != "greedy", "category", "policy", "draft_label", "gamma_label", "parallel", "kv_unified")
 
 
 def section(data: dict[str, pl.DataFrame], run_dir: Path, rel: Path) -> list[str]:
@@ -26,11 +30,11 @@ def section(data: dict[str, pl.DataFrame], run_dir: Path, rel: Path) -> list[str
     if c is None or not len(c):
         return []
     spec = c.filter(pl.col("draft") != "none")
-    first = [[r["category"], r["policy"], r["parallel"], r["draft_label"], r["gamma_label"],
+    first = [[r["category"], r["policy"], _n(r), r["draft_label"], r["gamma_label"],
               f(r["plain_total_tokens_per_s"], ".1f"), f(r["total_tokens_per_s"], ".1f"), f(r["tokens_per_s"], ".1f"),
               ci(r["speedup"], r["speedup_lo"], r["speedup_hi"], unit="x"), f(r["predicted"], ".2f") + (
                   "x" if r["predicted"] is not None else "")] for r in spec.iter_rows(named=True)]
-    second = [[r["category"], r["policy"], r["parallel"], r["draft_label"], r["gamma_label"],
+    second = [[r["category"], r["policy"], _n(r), r["draft_label"], r["gamma_label"],
                f"{f(r['plain_latency_ms'], '.0f')} / {f(r['plain_latency_p95_ms'], '.0f')}",
                f"{f(r['latency_ms'], '.0f')} / {f(r['latency_p95_ms'], '.0f')}",
                f(r["acceptance_rate"], ".0%") + (f" ({r['acceptance_min']:.0%}-{r['acceptance_max']:.0%})"
@@ -43,10 +47,11 @@ def section(data: dict[str, pl.DataFrame], run_dir: Path, rel: Path) -> list[str
            "finished request frees its slot for the category's next. Total tok/s: every sequence's tokens over the "
            "time spent in decode steps (prefill left out); per sequence: each request's tokens over the steps it "
            "took part in. Speedup: each request's tokens per ms speculating against plain decoding at the same N, "
-           "prompt by prompt, with its 95% interval; predicted: the batched cost model at the measured alpha and "
-           "sequences in flight, its speculative step priced from the decode costs the worker measured with 1, 2, "
-           "4, ... N sequences of its own context (gamma draft decodes and one verification of every block), "
-           "against the plain step as the plain twins ran it.", ""]
+           "prompt by prompt, with its 95% interval; predicted: the batched cost model at the measured alpha, its "
+           "speculative steps priced as they ran (each sequence's draft catch-up, drafts and verification block, "
+           "cut into the graphs llama.cpp decodes them in: one per run of equal shares of consecutive sequences "
+           "with a KV buffer each, one for all with a unified KV) from the decode costs the worker measured with "
+           "1, 2, 4, ... N sequences of its own context, against the plain step as the plain twins ran it.", ""]
     if not len(spec):
         out += ["No speculative configuration ran with several requests at once.", ""]
     else:
@@ -69,10 +74,11 @@ def section(data: dict[str, pl.DataFrame], run_dir: Path, rel: Path) -> list[str
 
 def _kv(c: pl.DataFrame) -> list[str]:
     """KV cells in use at the peak, per N: what the sequences held, at the configuration's bytes per cell."""
-    m = c.filter(pl.col("peak_positions").is_not_null()).group_by("parallel", "draft_label").agg(
+    keys = ["parallel", "kv_unified", "draft_label"]
+    m = c.filter(pl.col("peak_positions").is_not_null()).group_by(keys).agg(
         pl.col("peak_positions").max(), pl.col("kv_bytes_per_position").first(),
-        pl.col("host_kv_bytes").first(), pl.col("device_kv_bytes").first()).sort("parallel", "draft_label")
-    rows = [[r["parallel"], r["draft_label"], r["peak_positions"],
+        pl.col("host_kv_bytes").first(), pl.col("device_kv_bytes").first()).sort(keys)
+    rows = [[_n(r), r["draft_label"], r["peak_positions"],
              mib(r["peak_positions"] * r["kv_bytes_per_position"]) if r["kv_bytes_per_position"] else "",
              mib((r["host_kv_bytes"] or 0) + (r["device_kv_bytes"] or 0))] for r in m.iter_rows(named=True)]
     return ["KV cache per N: the target's cells in use at the peak (every sequence's prompt and output so far, "
@@ -102,11 +108,11 @@ def plot(data: dict[str, pl.DataFrame], out: Path) -> Path | None:
     pols = spec["policy"].unique(maintain_order=True).to_list()
     fig, axes = plt.subplots(1, len(pols), figsize=(5 * len(pols), 3.8), squeeze=False)
     for ax, pol in zip(axes[0], pols):
-        for (cat, draft, g), line in spec.filter(pl.col("policy") == pol).group_by(
-                ["category", "draft_label", "gamma_label"], maintain_order=True):
+        for (cat, draft, g, kvu), line in spec.filter(pl.col("policy") == pol).group_by(
+                ["category", "draft_label", "gamma_label", "kv_unified"], maintain_order=True):
             line = line.sort("parallel")
             drawn = ax.plot(line["parallel"], line["speedup"], marker="o",
-                            label=f"{cat} {draft.replace('qwen2.5-coder-', '')} g={g}")
+                            label=f"{cat} {draft.replace('qwen2.5-coder-', '')} g={g}{' unified KV' if kvu else ''}")
             ax.plot(line["parallel"], line["predicted"], linestyle="--", color=drawn[0].get_color(), linewidth=0.8)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xscale("log", base=2)

@@ -118,8 +118,8 @@ def _python(target: str, n: int, gamma: int, pol: Policy, *, ngl: int, threads: 
 def howto(target: str, draft: str, gamma: int, policy: dict | Policy, *, p_min: float = 0.0, n_min: int = 0,
           ngl: int = 0, ngl_draft: int = 0, threads: int = 0, cache_k: str = "f16", cache_v: str = "f16",
           cache_k_draft: str = "f16", cache_v_draft: str = "f16", flash_attn: str = "auto", ubatch: int = 512,
-          parallel: int = 1, adaptive: bool = False, n_ctx: int = 2048, verify: str = "leviathan",
-          catalog: dict | None = None) -> HowTo:
+          parallel: int = 1, kv_unified: bool = False, adaptive: bool = False, n_ctx: int = 2048,
+          verify: str = "leviathan", catalog: dict | None = None) -> HowTo:
     """The commands that run `draft` (a model, "ngram:N", or "none") against `target` at draft length `gamma`
     under `policy` (a Policy or its as_dict()), with the harness's settings of the same names (plan.Instance)."""
     from harness.pair import parse_ngram
@@ -127,7 +127,7 @@ def howto(target: str, draft: str, gamma: int, policy: dict | Policy, *, p_min: 
     tpath = model_path(target, catalog)
     ctx = _context(tpath, ngl=ngl, threads=threads, cache_k=cache_k, cache_v=cache_v, flash_attn=flash_attn,
                    ubatch=ubatch, n_ctx=n_ctx)
-    server = ["llama-server", *ctx, "-np", str(parallel)]
+    server = ["llama-server", *ctx, "-np", str(parallel), *(["-kvu"] if kv_unified else [])]
     notes = []
     if adaptive:
         notes.append(f"llama.cpp has no adaptive draft length: {gamma}, the harness's longest, is fixed here.")
@@ -173,5 +173,5 @@ def howto_for_instance(inst, n_ctx: int, catalog: dict | None = None) -> HowTo:
     return howto(inst.target, inst.draft, inst.gamma, inst.policy, p_min=inst.p_min, n_min=inst.n_min,
                  ngl=inst.ngl, ngl_draft=inst.ngl_draft, threads=inst.threads, cache_k=inst.cache_k,
                  cache_v=inst.cache_v, cache_k_draft=inst.cache_k_draft, cache_v_draft=inst.cache_v_draft,
-                 flash_attn=inst.flash_attn, ubatch=inst.ubatch, parallel=inst.parallel, adaptive=inst.adaptive,
-                 n_ctx=n_ctx, verify=inst.verify, catalog=catalog)
+                 flash_attn=inst.flash_attn, ubatch=inst.ubatch, parallel=inst.parallel, kv_unified=inst.kv_unified,
+                 adaptive=inst.adaptive, n_ctx=n_ctx, verify=inst.verify, catalog=catalog)
