@@ -58,12 +58,13 @@ class Costs:
 
 
 def predicted_speedup(alpha: float, gamma: int, costs: Costs, share: float = 1.0) -> float:
-    """E(alpha, gamma) * T_target(1) / (T_draft(gamma) + T_verify(gamma+1) + overhead(gamma+1 rows)), with
+    """E(alpha, gamma) * (T_target(1) + overhead(1 row)) / (T_draft(gamma) + T_verify(gamma+1) + overhead(gamma+1
+    rows)): plain decoding pays its row's overhead too. With
     T_draft(gamma) = gamma * T_draft(1) (+ the bonus catch-up when a draft curve is known). share: the fraction of
     steps that proposed anything (a lookup proposer often finds nothing: those steps decode one token plainly)."""
     tokens = share * expected_tokens(alpha, gamma) + (1 - share)
     ms = share * costs.step_ms(gamma, alpha) + (1 - share) * costs.step_ms(0)
-    return tokens * costs.target_ms[0] / ms
+    return tokens * costs.step_ms(0) / ms
 
 
 def best_speculative(alpha: float, costs: Costs, gamma_max: int) -> int:
@@ -72,7 +73,7 @@ def best_speculative(alpha: float, costs: Costs, gamma_max: int) -> int:
 
 
 def beats_plain(alpha: float, gamma: int, costs: Costs) -> bool:
-    return costs.tokens_per_ms(alpha, gamma) > 1.0 / costs.target_ms[0]
+    return costs.tokens_per_ms(alpha, gamma) > 1.0 / costs.step_ms(0)
 
 
 def best_gamma(alpha: float, costs: Costs, gamma_max: int) -> int:
@@ -154,12 +155,12 @@ class AdaptiveGamma:
         """Expected ms saved over `remaining` tokens by switching to the best gamma if alpha were known."""
         c, grid = self.costs, self.GRID
         speedup = np.max([predicted_speedup(grid, g, c) for g in range(1, self.gamma_max + 1)], axis=0)
-        return remaining * c.target_ms[0] * float(self.posterior @ np.maximum(0.0, 1 - 1 / speedup))
+        return remaining * c.step_ms(0) * float(self.posterior @ np.maximum(0.0, 1 - 1 / speedup))
 
     def probe_price(self, g: int) -> float:
         """A gamma-g step at the posterior mean against plain decoding: its cost less the tokens it is worth."""
         c = self.costs
-        return self._owed(c) + c.step_ms(g, self.alpha) - expected_tokens(self.alpha, g) * c.target_ms[0]
+        return self._owed(c) + c.step_ms(g, self.alpha) - expected_tokens(self.alpha, g) * c.step_ms(0)
 
     def choose(self, remaining: int = 1 << 20) -> int:
         """The next step's gamma, at most remaining - 1 (the target adds one token of its own)."""

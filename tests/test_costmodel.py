@@ -29,7 +29,8 @@ def test_predicted_speedup_by_hand():
     c = Costs(target_ms=[10, 12, 14], draft_ms=2)
     assert predicted_speedup(0.5, 2, c) == pytest.approx(0.972222, rel=1e-6)  # 1.75 x 10 / (2 x 2 + 14)
     c1 = Costs(target_ms=[10, 12, 14], draft_ms=2, overhead_ms_per_row=1)
-    assert predicted_speedup(0.5, 2, c1) == pytest.approx(0.833333, rel=1e-6)  # 17.5 / (4 + 14 + 3 rows x 1)
+    # plain decoding pays its row too: 1.75 x (10 + 1) / (4 + 14 + 3 rows x 1)
+    assert predicted_speedup(0.5, 2, c1) == pytest.approx(0.916667, rel=1e-6)
     # half the steps propose: tokens 0.5 x 1.75 + 0.5 x 1 = 1.375, ms 0.5 x 18 + 0.5 x 10 = 14
     assert predicted_speedup(0.5, 2, c, share=0.5) == pytest.approx(0.982143, rel=1e-6)  # 1.375 x 10 / 14
     # a draft curve: both drafts accepted (0.5^2) costs one more token, 3.0 - 2.0 ms: 17.5 / (4 + 0.25 + 14)

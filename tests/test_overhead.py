@@ -35,14 +35,17 @@ def test_the_controllers_price_is_the_replays_step_cost(gamma, backlog):
     a = ctl.alpha
     replayed = (a ** gamma * step_ms(Step(gamma, gamma, gamma + 1), CURVE, backlog)
                 + (1 - a ** gamma) * step_ms(Step(gamma, 0, 1, True), CURVE, backlog))
-    assert ctl.probe_price(gamma) + expected_tokens(a, gamma) * CURVE.target_ms[0] == pytest.approx(replayed)
+    # the tokens are worth what plain decoding would pay for them, its row's overhead included
+    assert ctl.probe_price(gamma) + expected_tokens(a, gamma) * (30 + OH) == pytest.approx(replayed)
 
 
 def test_plain_steps_in_the_predicted_speedup_pay_one_rows_overhead():
-    # half the steps propose 2 (3 rows), half decode plainly (1 row): 1.375 tokens per 0.5 x (4 + 60 + 3 x 0.7)
-    # + 0.5 x (30 + 0.7) ms
+    # half the steps propose 2 (3 rows), half decode plainly (1 row): 1.375 tokens per 0.5 x (10 + 60 + 3 x 0.7)
+    # + 0.5 x (30 + 0.7) ms, against plain decoding's 30 + 0.7 ms a token
     ms = 0.5 * (2 * 5 + 60 + 3 * OH) + 0.5 * (30 + OH)
-    assert predicted_speedup(0.5, 2, FLAT, share=0.5) == pytest.approx(1.375 * 30 / ms)
+    assert predicted_speedup(0.5, 2, FLAT, share=0.5) == pytest.approx(1.375 * (30 + OH) / ms)
+    # no overhead, no drafts accepted, nothing proposed: exactly plain decoding
+    assert predicted_speedup(0.0, 2, FLAT, share=0.0) == pytest.approx(1.0)
 
 
 def test_per_call_figures_become_per_row():

@@ -21,7 +21,8 @@ def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     from harness.calibrate import costs_at
     from harness.engine import EngineConfig
     from harness.pair import parse_ngram
-    plain_ms = 1 / r["ref_tokens_per_ms"] if r["ref_tokens_per_ms"] else None
+    # the plain twins' ms per token, less the loop's own cost of its row: Costs.step_ms(0) adds it back
+    plain_ms = 1 / r["ref_tokens_per_ms"] - overhead_per_row(r) if r["ref_tokens_per_ms"] else None
     if measured is not None:  # measured in the row's worker, seconds before its generations
         costs = measured_at(measured, r["context"], None, overhead_per_row(r))
         if not plain_ms:
