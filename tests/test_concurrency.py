@@ -189,6 +189,7 @@ def parallel_run(tmp_path_factory, smol, smol_q2k):
     return run, (out / f"{run.name}.md").read_text()
 
 
+@pytest.mark.slow  # a concurrent sweep of its own: about a minute on 2 cores
 def test_bench_reports_verdicts_throughput_latency_and_kv_per_n(parallel_run):
     run, md = parallel_run
     verdicts = md_table(md, "## Verdict per category")
@@ -210,6 +211,7 @@ def test_bench_reports_verdicts_throughput_latency_and_kv_per_n(parallel_run):
     assert harness("report", str(run), "--check").returncode == 0
 
 
+@pytest.mark.slow  # a concurrent sweep of its own: about a minute on 2 cores
 def test_bench_traces_hold_each_batch_and_greedy_outputs_stay_lossless(parallel_run):
     run, md = parallel_run
     recs = [json.loads(x) for f in (run / "traces").glob("*.jsonl") for x in f.read_text().splitlines()]

@@ -87,6 +87,7 @@ def test_bad_drafting_options_are_one_line(tmp_path, args, words):
                            str(tmp_path / "r")), *words)
 
 
+@pytest.mark.slow  # a replayed sweep of its own under both rules: half a minute on 2 cores
 def test_the_replay_predicts_both_rules_and_times_what_it_chose(replay_run):
     run = replay_run
     recs = [r for f in trace_files(run / "replay") for r in read_records(f)]
