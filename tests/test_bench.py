@@ -317,6 +317,7 @@ def _adaptive_run(tmp_path, *extra) -> Path:
     return run
 
 
+@pytest.mark.slow  # a calibration, then an adaptive sweep: 20 s
 def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k):
     """`harness calibrate` writes ./reports/calibration, which a later bench copies into its run."""
     from tests.conftest import D

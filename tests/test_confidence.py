@@ -29,6 +29,7 @@ def spinner():
     p.wait()
 
 
+@pytest.mark.slow  # a real spinning process beside a real run: 20 s
 def test_a_busy_machine_is_refused_and_with_allow_busy_marked_unreliable(tmp_path, smol, spinner):
     """In processes of their own: the guard counts this process's children as its own, and the spinner is one."""
     args = [*QUICK, *ONE, "--busy-threshold", GUARD,
@@ -158,6 +159,7 @@ def test_a_slowed_worker_is_marked_though_no_other_process_is_busy():
     assert not summarize(idle, 0.05, own=[0.1] * 12, asked=None)["busy"]
 
 
+@pytest.mark.slow  # a worker stopped and resumed for real: 25 s
 def test_a_worker_stopped_and_resumed_in_a_loop_is_marked_unreliable(tmp_path, smol):
     """SIGSTOP and SIGCONT to the worker, 80% of the time stopped: foreign load stays near 0, yet the unit is
     marked, and its verdict says so."""

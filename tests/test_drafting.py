@@ -50,6 +50,7 @@ def rules_run(tmp_path_factory, smol, smol_q2k):
     return run, (out / f"{run.name}.md").read_text()
 
 
+@pytest.mark.slow  # a sweep of both rules and both draft knobs: 30 s
 def test_exact_rule_and_p_min_in_the_sweep_and_report(rules_run):
     run, md = rules_run
     res = {json.loads(x)["config"]: json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()}
