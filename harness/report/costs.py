@@ -21,26 +21,26 @@ def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     from harness.calibrate import costs_at
     from harness.engine import EngineConfig
     from harness.pair import parse_ngram
+    oh = overhead_per_row(r)
     # the plain twins' ms per token, less the loop's own cost of its row: Costs.step_ms(0) adds it back
-    plain_ms = 1 / r["ref_tokens_per_ms"] - overhead_per_row(r) if r["ref_tokens_per_ms"] else None
+    plain_ms = 1 / r["ref_tokens_per_ms"] - oh if r["ref_tokens_per_ms"] else None
     if measured is not None:  # measured in the row's worker, seconds before its generations
-        costs = measured_at(measured, r["context"], None, overhead_per_row(r))
-        if not plain_ms:
-            return costs
-        if len(measured.get("contexts", [])) > 1:
+        costs = measured_at(measured, r["context"], None, oh)
+        if plain_ms and len(measured.get("contexts", [])) > 1:
             # plain decoding costs what the row's plain twins took per token, on the real prompts; the blocks and
             # the draft what was measured, interpolated to the row's context
             return replace(costs, target_ms=[plain_ms, *costs.target_ms[1:]])
-        # measured at one context only (runs from before two were): levelled to the plain twins as a whole
-        return replace(costs, target_ms=[x * plain_ms / costs.target_ms[0] for x in costs.target_ms])
-    draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
-    # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
-    costs = costs_at(run_dir / "calibration", r["target"], draft, EngineConfig(threads=r["threads"]).resolved_threads(),
-                     r["ngl"], r["ngl_draft"], r["context"], overhead_per_row(r))
+    else:
+        draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
+        # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
+        costs = costs_at(run_dir / "calibration", r["target"], draft,
+                         EngineConfig(threads=r["threads"]).resolved_threads(), r["ngl"], r["ngl_draft"], r["context"],
+                         oh)
     if costs is None or not plain_ms:
         return costs
-    # a calibration from the start of the run gives the curve's shape; its level comes from the row's plain
-    # reference, measured on the real prompts (filler text at an interpolated context misjudges long prompts)
+    # a calibration from the start of the run (or a worker's, at one context only: runs from before two were)
+    # gives the curve's shape; its level comes from the row's plain reference, measured on the real prompts
+    # (filler text at an interpolated context misjudges long prompts)
     level = plain_ms / costs.target_ms[0]
     return replace(costs, target_ms=[x * level for x in costs.target_ms])
 
