@@ -98,7 +98,7 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     conc = concurrency_frame(sweep, records, p_records, base_configs(cfg))
     if conc is not None:
         out["concurrency"] = conc
-    out |= replay_frames(run_dir, plan, sweep, gens, cfg)
+    out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg)
     return out
 
 
@@ -204,7 +204,7 @@ def pool_sizes(plan: dict) -> dict[str, int]:
     return sizes
 
 
-def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataFrame,
+def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataFrame, p_gens: pl.DataFrame,
                   cfg: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """"replay": predicted figures of every proposer and gamma, beside the timed rows of the same configuration
     where the sweep ran them; "replay_costs": the decode costs the predictions used. Empty without a replay."""
@@ -233,22 +233,46 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
         cfg.select(pl.col("config").alias("base"), "target", "ngl", "threads", "setup"), on="base", how="left")
     out = {"replay": pred, "replay_costs": costs.join(cfg.select("config", "target"), on="config", how="left")}
     # the replay again on the very prompts the timed runs used: what their measurements check, like for like
-    is_spec = pl.col("mode") == "speculative"
-    used = {} if not len(gens) else {
-        (base_of.get(r["config"]), r["category"]): set(r["prompt_id"])
-        for r in gens.filter(is_spec).group_by("config", "category").agg(pl.col("prompt_id").unique())
-        .iter_rows(named=True)}
-    same = [r for r in records if r.get("type") == "costs"
-            or r.get("prompt_id") in used.get((r.get("config"), r.get("category")), ())]
-    rows_same = predictions(same, plain, plan.get("params", {}).get("replay_gamma", 8)) if used else []
-    if rows_same:
-        keep = ["base", "policy", "category", "proposer", "gamma", "adaptive", "acceptance_rate", "speedup",
-                "speedup_lo", "speedup_hi"]
-        out["replay_same"] = pl.DataFrame(rows_same, infer_schema_length=None).rename({"config": "base"}).select(
-            keep).join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="inner").join(
+    same = replay_same(records, gens, p_gens, base_of, plain, plan.get("params", {}).get("replay_gamma", 8))
+    if same is not None:
+        keys = ["base", "timed_config", "category", "proposer", "gamma", "adaptive"]
+        out["replay_same"] = same.join(timed, on=keys, how="inner").join(
             cfg.select(pl.col("config").alias("base"), "target"), on="base", how="left")
     from harness.report.replayed import predicted_verdicts
     return out | {"replay_verdicts": predicted_verdicts(pred, plan.get("params", {}).get("min_gain", verdict.MIN_GAIN))}
+
+
+def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, base_of: dict[str, str],
+                plain: dict, gamma_max: int) -> pl.DataFrame | None:
+    """The replay's predictions on the prompts each timed configuration ran, one configuration at a time: plain
+    decoding priced at the pace of that configuration's own plain twins (paired, alternating with its
+    generations: the machine's pace at that moment), else at the baselines' ("speedup_at_baseline": the
+    baselines' pace, as the verdicts price it). The replay prices speculative steps against a plain speed it
+    takes as measured; a machine whose speed drifts between the baselines and the timed runs, minutes apart,
+    would otherwise count as the replay's error."""
+    from harness.analysis.predict import plain_decode_ms, predictions
+    is_spec = pl.col("mode") == "speculative"
+    out = []
+    for (config, cat), g in gens.filter(is_spec).group_by("config", "category", maintain_order=True):
+        base, ids = base_of.get(config), set(g["prompt_id"])
+        recs = [r for r in records if r.get("config") == base and (r.get("type") == "costs"
+                                                                  or r.get("prompt_id") in ids)]
+        twins = p_gens.filter((pl.col("config") == config) & pl.col("prompt_id").is_in(list(ids))) \
+            if len(p_gens) else p_gens
+        own = {(base, c): ms for (_, c), ms in plain_decode_ms(twins).items()}
+        rows = {}
+        for key, level in (("speedup_at_baseline", plain), ("speedup", own or plain)):
+            for r in predictions(recs, level, gamma_max):
+                if r["category"] == cat:
+                    k = (r["proposer"], r["gamma"], r["adaptive"], r["policy"])
+                    rows[k] = rows.get(k, {"base": base, "config_timed": config, "at_twins": bool(own)} | r) | \
+                        {key: r["speedup"], f"{key}_lo": r["speedup_lo"], f"{key}_hi": r["speedup_hi"]}
+        out += rows.values()
+    if not out:
+        return None
+    keep = ["base", "config_timed", "policy", "category", "proposer", "gamma", "adaptive", "acceptance_rate",
+            "speedup", "speedup_lo", "speedup_hi", "speedup_at_baseline", "at_twins"]
+    return pl.DataFrame(out, infer_schema_length=None).select(keep).rename({"config_timed": "timed_config"})
 
 
 def records_of(records: list[dict], kind: str) -> list[dict]:
