@@ -21,11 +21,9 @@ def cal_path(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> P
     return root / f"{model_name}-t{threads}-ngl{ngl}.json"
 
 
-def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int,
-                logits: str) -> tuple[list[float], list[float]]:
-    """Median ms of decoding block[:k] after n_keep cached tokens, k = 1..k_max, the k interleaved within each
-    repetition so that a slow spell of the machine does not land on one k; and each k's spread over the
-    repetitions (their standard deviation; 0 from one), which says how far each median could be off."""
+def block_times(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int, logits: str) -> list[list[float]]:
+    """ms of decoding block[:k] after n_keep cached tokens, reps times for each k = 1..k_max, the k interleaved
+    within each repetition so that a slow spell of the machine does not land on one k."""
     times: list[list[float]] = [[] for _ in range(k_max)]
     for _ in range(reps):
         for k in range(1, k_max + 1):
@@ -34,7 +32,19 @@ def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int,
             e.decode(block[:k], logits=logits)
             times[k - 1].append((time.perf_counter() - t) * 1000)
     e.trim(n_keep)
-    return [statistics.median(t) for t in times], [statistics.stdev(t) if reps > 1 else 0.0 for t in times]
+    return times
+
+
+def summary(times: list[list[float]]) -> tuple[list[float], list[float]]:
+    """Each k's median, and its repetitions' spread (their standard deviation; 0 from one), which says how far
+    each median could be off."""
+    return [statistics.median(t) for t in times], [statistics.stdev(t) if len(t) > 1 else 0.0 for t in times]
+
+
+def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int,
+                logits: str) -> tuple[list[float], list[float]]:
+    """Median ms of decoding block[:k] after n_keep cached tokens, k = 1..k_max, and each median's spread."""
+    return summary(block_times(e, n_keep, block, k_max, reps, logits))
 
 
 def check_args(k_max: int, reps: int) -> None:
@@ -93,9 +103,9 @@ def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max:
     """The decode costs a worker's rows will pay, measured in the worker seconds before them: the target's
     verification blocks (all logits) and the draft's decodes (last logits) of k = 1..k_max tokens, after each
     of `contexts` cached tokens of real prompt text (interpolated to each row's own context), with each median's
-    repetitions' spread ("*_sd_by_context", with "reps"). A calibration taken minutes earlier can be stale: on a
-    2-core VM the batched decodes slowed by 13% relative to single-token ones between the run's calibration and
-    its sweep."""
+    repetitions' spread ("*_sd_by_context", with "reps") and the repetitions ("*_times_by_context"). A
+    calibration taken minutes earlier can be stale: on a 2-core VM the batched decodes slowed by 13% relative to
+    single-token ones between the run's calibration and its sweep."""
     engines = [e for e in (target, draft) if e is not None]
     room = min(e.n_ctx for e in engines) - k_max - 2
     ctxs = [c for c in contexts if c <= room] or [room]
@@ -104,14 +114,37 @@ def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max:
     for role, e, logits in (("target", target, "all"), ("draft", draft, "last")):
         if e is None:
             continue
-        out[f"{role}_ms_by_context"], out[f"{role}_sd_by_context"] = [], []
+        out[f"{role}_times_by_context"] = []
         for c in ctxs:
             e.reset()
             e.decode(filler[:c], logits="none")
-            for key, xs in zip(("ms", "sd"), time_blocks(e, c, filler[c - k_max:c], k_max, reps, logits)):
-                out[f"{role}_{key}_by_context"].append([round(x, 3) for x in xs])
+            out[f"{role}_times_by_context"].append(
+                [[round(x, 3) for x in t] for t in block_times(e, c, filler[c - k_max:c], k_max, reps, logits)])
         e.reset()
+    return summarized(out)
+
+
+def summarized(rec: dict) -> dict:
+    """A costs record with each role's medians and spreads ("*_ms_by_context", "*_sd_by_context") from its
+    repetitions ("*_times_by_context")."""
+    out = dict(rec)
+    for role in ("target", "draft"):
+        if f"{role}_times_by_context" in rec:
+            sums = [summary(ts) for ts in rec[f"{role}_times_by_context"]]
+            out[f"{role}_ms_by_context"] = [[round(x, 3) for x in m] for m, _ in sums]
+            out[f"{role}_sd_by_context"] = [[round(x, 3) for x in s] for _, s in sums]
     return out
+
+
+def pooled(first: dict, second: dict) -> dict:
+    """Two costs records of the same contexts and k, measured apart in time, as one: their repetitions together,
+    so that the medians sit between the two moments and the spreads take in the machine's drift between them."""
+    out = dict(second) | {"reps": first["reps"] + second["reps"]}
+    for role in ("target", "draft"):
+        key = f"{role}_times_by_context"
+        if key in first and key in second:
+            out[key] = [[a + b for a, b in zip(ka, kb)] for ka, kb in zip(first[key], second[key])]
+    return summarized(out)
 
 
 def at_context(cal: dict, context: float, key: str = "ms_by_context") -> list[float]:

@@ -111,11 +111,12 @@ def test_replay_by_hand_greedy_and_sampled():
     ps = prompts(1)
     ledger = Ledger(cached=False)
     # greedy, 2 prompts, k = 1..9 at contexts 100 and 132: the target's measured costs 232 x 5 + 6 x 630; the
-    # draft's 232 x 2 + 6 x 162, its prompts 400 and its 64 decodes along the output 640
-    greedy = 4940 + 1436 + 400 + 640
+    # draft's 232 x 2 + 6 x 162, both twice (before the prompts and after); its prompts 400 and its 64 decodes
+    # along the output 640
+    greedy = 2 * (4940 + 1436) + 400 + 640
     assert replay_ms(BASE, ps, [D], PARAMS, figures(ps), ledger) == pytest.approx(greedy)
     # sampling: the target's batched pass (prompts 1000, output 64 x 5), the draft's batched (400 + 64 x 2)
-    sampled = 4940 + 1320 + 1436 + 528
+    sampled = 2 * (4940 + 1436) + 1320 + 528
     assert replay_ms(SBASE, ps, [D], PARAMS, figures(ps), ledger) == pytest.approx(sampled)
     # llama.cpp's rule swept: the draft also decodes along the output a token at a time, from its prompt again
     exact = replace(PARAMS, verify=["leviathan", "exact"])
@@ -171,7 +172,7 @@ def test_the_parts_add_up_for_a_replayed_run_with_a_timed_subset():
     # no drift check beside a timed subset (its baselines ran on every prompt); the subset restores every prompt:
     # the target's evaluated by the baseline, the draft's by the replay
     assert parts["units"] == pytest.approx(BASE_MS / 1000)
-    assert parts["replay"] == pytest.approx((4940 + 1436 + 400 + 640) / 1000)
+    assert parts["replay"] == pytest.approx((2 * (4940 + 1436) + 400 + 640) / 1000)
     assert parts["timed subset"] == pytest.approx((SPEC_MS - 2400 + EXTRA_MS) / 1000 + CHOOSE_S)
 
 

@@ -57,3 +57,17 @@ def test_per_call_figures_become_per_row():
            "overhead_ms": 0.5}
     c = costs_at(rec, 100, 20.0)
     assert c.overhead_ms_per_row == 0.5 and c.target_ms[0] == pytest.approx(19.5)  # a plain decode less its row
+
+
+def test_two_moments_pool_their_repetitions():
+    """calibrate.pooled: the two moments' repetitions together, the spread taking in the drift between them."""
+    from harness.calibrate import pooled, summarized
+    first = summarized({"type": "costs", "contexts": [100], "k": 2, "reps": 3,
+                        "target_times_by_context": [[[10.0, 11.0, 12.0], [20.0, 21.0, 22.0]]]})
+    second = summarized({"type": "costs", "contexts": [100], "k": 2, "reps": 3,
+                         "target_times_by_context": [[[14.0, 15.0, 16.0], [24.0, 25.0, 26.0]]]})
+    assert first["target_ms_by_context"] == [[11.0, 21.0]] and first["target_sd_by_context"] == [[1.0, 1.0]]
+    both = pooled(first, second)
+    assert both["reps"] == 6 and both["target_times_by_context"][0][0] == [10.0, 11.0, 12.0, 14.0, 15.0, 16.0]
+    assert both["target_ms_by_context"] == [[13.0, 23.0]]  # between the two moments
+    assert both["target_sd_by_context"][0][0] == pytest.approx(2.366, abs=1e-3)  # wider than either moment's 1.0

@@ -31,6 +31,8 @@ def test_replay_records_and_report_sections(replay):
                          == len(r["alpha"]) for r in exact)
     costs = [r for r in recs if r["type"] == "costs"]
     assert all(r["reps"] > 1 and len(r["target_sd_by_context"]) == len(r["target_ms_by_context"]) for r in costs)
+    # measured before the prompts and after them, pooled: every k holds both moments' repetitions
+    assert all(len(t) == r["reps"] == 6 for r in costs for ctx in r["target_times_by_context"] for t in ctx)
     assert {r["proposer"] for r in costs if r.get("draft_sd_by_context")} == {D}  # a lookup's time has no spread
     for heading in ("## Predicted from every prompt (replay)", "### Acceptance (models, prompts and policy only)",
                     "### Cost (this machine only)", "### Predicted speedup", "### Replayed against timed"):

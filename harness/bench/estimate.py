@@ -244,12 +244,12 @@ def replay_ms(base: Instance, prompts: list, models: list[str], params: Params, 
     sizes = [(fig.tokens(base.target, p), params.max_tokens or p.max_tokens) for p in prompts]  # prompt, output
     ctxs = spanned_contexts([n for n, _ in sizes], [n + o for n, o in sizes], k_max)
     t = fig.probe(base.target, threads, base.ngl)
-    ms = in_situ_ms(t, ctxs, k_max)
+    ms = 2 * in_situ_ms(t, ctxs, k_max)  # the costs are measured before the prompts and after them
     if not greedy:
         ms += ledger.prompts_ms(fig, base.target, cfg, base.target, prompts) + sum(t.prompt(o, n) for n, o in sizes)
     for m in models:
         d = fig.probe(m, threads, dcfg.n_gpu_layers)
-        ms += in_situ_ms(d, ctxs, k_max) + ledger.prompts_ms(fig, m, dcfg, base.target, prompts,
+        ms += 2 * in_situ_ms(d, ctxs, k_max) + ledger.prompts_ms(fig, m, dcfg, base.target, prompts,
                                                              stepwise + (not greedy))
         ms += sum(stepwise * o * d.decode(n + o / 2) + (not greedy) * d.prompt(o, n) for n, o in sizes)
     ledger.load(1 + len(models))

@@ -24,7 +24,7 @@ KIND = "replay"
 def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
                 run_dir: Path) -> dict:
     from harness.bench.partial import UNIT, replay_done, resume
-    from harness.calibrate import in_situ, spanned_contexts
+    from harness.calibrate import in_situ, pooled, spanned_contexts
     from harness.engine import Engine, teacher_forced
     from harness.pair import parse_ngram
     from harness.promptcache import PromptCache, cache_dir
@@ -59,22 +59,40 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
         target = engines["target"] = Engine(resolve(base.target).path, cfg)
         for m in models:
             engines[m] = Engine(resolve(m).path, draft_cfg)
-        texts, ends = [], []
+        todo = []  # (prompt, its tokens, its plain output, the end-of-generation token or None)
         for pr in prompts:
             g = gens.get(pr.id)
-            if g is None:
-                continue
-            toks = target.vocab.tokenize(pr.render(target.vocab))
-            eos = g["stop"] == "eos" and g.get("stop_token") is not None  # older traces lack the token
-            out = list(g["tokens"])
-            forced = [*out, g["stop_token"]] if eos else out  # rows predict positions 0..n-1 (and n)
-            texts.append(toks)
-            ends.append(len(toks) + len(out))
+            if g is not None:
+                eos = g["stop"] == "eos" and g.get("stop_token") is not None  # older traces lack the token
+                todo.append((pr, target.vocab.tokenize(pr.render(target.vocab)), list(g["tokens"]),
+                             g["stop_token"] if eos else None))
+        texts = [toks for _, toks, _, _ in todo]
+
+        def costs() -> dict[str, dict]:
+            """Per proposer, its costs over the prompts' own text at a short and a long context."""
+            text = [t for x in texts for t in x]
+            ctxs = spanned_contexts([len(x) for x in texts], [len(t) + len(o) for _, t, o, _ in todo], gamma_max + 1)
+            t = in_situ(target, None, text, gamma_max + 1, ctxs)
+            out = {}
+            for name in proposers:
+                if name in engines:
+                    d = in_situ(None, engines[name], text, gamma_max + 1, ctxs)
+                    d = {k: v for k, v in d.items() if k.startswith("draft_")}
+                else:  # a lookup's own time, without a spread
+                    d = {"draft_ms_by_context": [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(t["contexts"])}
+                out[name] = t | {"proposer": name, "overhead_ms": overhead} | d
+            return out
+        # measured before the prompts and again after them, minutes apart, and pooled: a machine's drift between
+        # the two moments lands in the costs' spreads rather than in one moment's level
+        before = costs() if texts and UNIT not in keep else {}
+        for pr, toks, out, stop in todo:
+            eos = stop is not None
+            forced = [*out, stop] if eos else out  # rows predict positions 0..n-1 (and n)
             if (pr.id, 0) in keep:
                 continue
             common = {"category": pr.category, "prompt_id": pr.id, "repeat": 0}
             tw.write({"type": "replay_prompt", **common, "prompt_tokens": toks, "tokens": out,
-                      "stop_token": g["stop_token"] if eos else None, "max_tokens": params.max_tokens or pr.max_tokens})
+                      "stop_token": stop, "max_tokens": params.max_tokens or pr.max_tokens})
             p_rows = None if policy.greedy else [process(r, policy)
                                                  for r in teacher_forced(target, toks, forced, cache)]
             for name in proposers:
@@ -106,17 +124,9 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                         rec |= {"match_exact": match,
                                 "alpha_exact": [round(p.prob(a), 6) for p, a in zip(p_rows, guess)]}
                     tw.write(rec)
-        if texts and UNIT not in keep:  # costs over the prompts' own text at a short and a long context
-            text = [t for x in texts for t in x]
-            ctxs = spanned_contexts([len(x) for x in texts], ends, gamma_max + 1)
-            t = in_situ(target, None, text, gamma_max + 1, ctxs)
-            for name in proposers:
-                if name in engines:
-                    d = in_situ(None, engines[name], text, gamma_max + 1, ctxs)
-                    d = {k: d[k] for k in ("draft_ms_by_context", "draft_sd_by_context")}
-                else:  # a lookup's own time, without a spread
-                    d = {"draft_ms_by_context": [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(t["contexts"])}
-                tw.write(t | {"proposer": name, "overhead_ms": overhead} | d)
+        if before:
+            for name, rec in costs().items():
+                tw.write(pooled(before[name], rec))
         return {"status": "ok", "prompts": len(texts), "wall_s": time.perf_counter() - t0} | (
             {"prompt_cache": cache.counts()} if cache else {})
     finally:
