@@ -4,7 +4,7 @@ replayed from its step records (all pure), and --kv-unified swept as a plan sett
 import pytest
 
 from harness.concurrency.costs import BatchCosts, batch_ms, shaped_step_ms, split
-from harness.concurrency.figures import _batched, _shaped_ms
+from harness.concurrency.figures import _batched, _per_sequence, shaped_prices
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand, make_params
 from harness.report.howto import howto_for_instance
@@ -84,7 +84,7 @@ def test_a_batched_runs_steps_are_replayed_from_its_records_and_weighted_by_the_
     # "a" accepted all three (4 tokens, 2 drafts fed back): its draft catches up 2; "b" rejected: 1
     second = 1.0 + shaped_step_ms(C, [0, 1], [4, 4], [2, 1], [2, 2])
     third = 1.0 + shaped_step_ms(C, [0], [1], [0], [0])  # a request's last token: nothing drafted
-    assert _shaped_ms(C, groups, False) == pytest.approx((2 * first + 2 * second + third) / 5)
+    assert _per_sequence(groups, shaped_prices(C, groups, False)) == pytest.approx((2 * first + 2 * second + third) / 5)
     assert _batched([{"type": "step", "step": 0}]) is None  # a sequential run's records
 
 

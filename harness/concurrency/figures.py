@@ -75,11 +75,11 @@ def _fed(step: dict) -> int:
     return min(step["proposed"], max(step["gamma"] - 1, 0))
 
 
-def _shaped_ms(costs: BatchCosts, groups: list[list[dict]], unified: bool, n_ubatch: int = 512) -> float:
-    """The batched steps as they ran, priced (their measured overhead added) and weighted as _per_sequence does;
-    each sequence's shapes replayed from its records: its block, the draft's catch-up (two tokens after a step
-    that accepted every draft fed back, one else: the bonus token the draft never saw) and the drafts fed back
-    (all but the last). A draft dropped for --draft-n-min records none, so its decodes go unpriced."""
+def shaped_prices(costs: BatchCosts, groups: list[list[dict]], unified: bool, n_ubatch: int = 512) -> list[float]:
+    """Each batched step as it ran, priced (its measured overhead added); each sequence's shapes replayed from its
+    records: its block, the draft's catch-up (two tokens after a step that accepted every draft fed back, one
+    else: the bonus token the draft never saw) and the drafts fed back (all but the last). A draft dropped for
+    --draft-n-min records none, so its decodes go unpriced."""
     prev: dict[tuple, dict] = {}
     prices = []
     for recs in groups:
@@ -92,7 +92,7 @@ def _shaped_ms(costs: BatchCosts, groups: list[list[dict]], unified: bool, n_uba
         prices.append(recs[0]["overhead_ms"] + shaped_step_ms(
             costs, [s["seq"] for s in recs], [1 + s["proposed"] for s in recs], catch_up, [_fed(s) for s in recs],
             unified, n_ubatch))
-    return _per_sequence(groups, prices)
+    return prices
 
 
 def _per_request_acceptance(steps: list[dict]) -> tuple[float | None, float | None]:
@@ -135,7 +135,8 @@ def concurrency_frame(sweep: pl.DataFrame, records: list[dict], paired: list[dic
             c = from_record(costs[cfg], r["context"], r["gamma"], r["parallel"])
             share = r["verify_steps"] / r["target_calls"] if r["target_calls"] else 1.0
             groups = _batched(steps[own])
-            pred = _shaped_ms(c, groups, bool(r.get("kv_unified")), r.get("ubatch") or 512) if groups else step_ms(
+            pred = _per_sequence(groups, shaped_prices(c, groups, bool(r.get("kv_unified")), r.get("ubatch") or 512)) \
+                if groups else step_ms(
                 c, mine["mean_active"], r["gamma"], _step_overhead(steps[own]), share)
             out["predicted"] = predicted_speedup(r["alpha"], r["gamma"], c, mine["mean_active"], plain["step_ms"],
                                                  share=share, spec_step_ms=pred)
