@@ -71,3 +71,10 @@ def test_two_moments_pool_their_repetitions():
     assert both["reps"] == 6 and both["target_times_by_context"][0][0] == [10.0, 11.0, 12.0, 14.0, 15.0, 16.0]
     assert both["target_ms_by_context"] == [[13.0, 23.0]]  # between the two moments
     assert both["target_sd_by_context"][0][0] == pytest.approx(2.366, abs=1e-3)  # wider than either moment's 1.0
+
+
+def test_the_costs_two_moments_say_how_far_the_machine_moved():
+    from harness.report.tables import moved
+    rec = {"reps": 4, "target_times_by_context": [[[10.0, 10.0, 12.0, 12.0], [20.0, 20.0, 18.0, 18.0]]]}
+    assert moved(rec) == pytest.approx([0.2, -0.1])
+    assert moved({"reps": 3, "target_ms_by_context": [[10.0]]}) is None  # measured once, before the pooling

@@ -34,6 +34,7 @@ def test_replay_records_and_report_sections(replay):
     # measured before the prompts and after them, pooled: every k holds both moments' repetitions
     assert all(len(t) == r["reps"] == 6 for r in costs for ctx in r["target_times_by_context"] for t in ctx)
     assert {r["proposer"] for r in costs if r.get("draft_sd_by_context")} == {D}  # a lookup's time has no spread
+    assert "Each was measured twice, before the replay's prompts and after them" in md
     for heading in ("## Predicted from every prompt (replay)", "### Acceptance (models, prompts and policy only)",
                     "### Cost (this machine only)", "### Predicted speedup", "### Replayed against timed"):
         assert heading in md

@@ -3,6 +3,8 @@ prompts and policy only), cost apart from acceptance (this machine only), the pr
 them, and the timed runs that confirm it."""
 from __future__ import annotations
 
+import statistics
+
 import polars as pl
 
 from harness.analysis.verdict import INCONCLUSIVE, MIN_GAIN, NO_GAIN, PLAIN, SPECULATE, Evidence, decide
@@ -179,8 +181,21 @@ def _costs(c: pl.DataFrame | None) -> list[str]:
                             "draft ms"]), ""]
     return ["### Cost (this machine only)", "",
             "Measured beside the replay, with the prompts' own text in the cache: one target decode, a verification "
-            "block of k tokens against it, and one draft decode (an n-gram lookup's own time).", "",
+            "block of k tokens against it, and one draft decode (an n-gram lookup's own time)." + _moved(c), "",
             *per_target(c, rows)]
+
+
+def _moved(c: pl.DataFrame) -> str:
+    """What the two moments of the replay's costs say of the machine's drift (runs from before: nothing)."""
+    if "moved" not in c.columns:
+        return ""
+    by_target = c.unique("config", keep="first", maintain_order=True)["moved"].drop_nulls()
+    ms = [abs(x) for xs in by_target for x in xs]
+    if not ms:
+        return ""
+    return (f" Each was measured twice, before the replay's prompts and after them, and the two pooled: between "
+            f"the two moments the target's blocks moved by a median of {statistics.median(ms):.0%} and up to "
+            f"{max(ms):.0%}. The medians sit between the two moments; the spread is in the intervals.")
 
 
 def _speedup(r: pl.DataFrame) -> list[str]:
