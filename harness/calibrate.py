@@ -100,7 +100,7 @@ def spanned_contexts(prompt_lens: list[int], ends: list[int], k_max: int) -> tup
 
 def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max: int,
             contexts: tuple[int, ...], reps: int = 3) -> dict:
-    """The decode costs a worker's rows will pay, measured in the worker seconds before them: the target's
+    """The decode costs a worker's rows will pay, measured in the worker before them (and after: pooled): the target's
     verification blocks (all logits) and the draft's decodes (last logits) of k = 1..k_max tokens, after each
     of `contexts` cached tokens of real prompt text (interpolated to each row's own context), with each median's
     repetitions' spread ("*_sd_by_context", with "reps") and the repetitions ("*_times_by_context"). A
@@ -138,13 +138,36 @@ def summarized(rec: dict) -> dict:
 
 def pooled(first: dict, second: dict) -> dict:
     """Two costs records of the same contexts and k, measured apart in time, as one: their repetitions together,
-    so that the medians sit between the two moments and the spreads take in the machine's drift between them."""
-    out = dict(second) | {"reps": first["reps"] + second["reps"]}
+    so that the medians sit between the two moments and the spreads take in the machine's drift between them. A
+    batched record (concurrency.calibrate, medians only): the mean of the two medians."""
+    moments = {"moments": first.get("moments", 1) + second.get("moments", 1)}
+    if "seqs" in first:
+        return second | moments | {k: [round((a + b) / 2, 3) for a, b in zip(first[k], second[k])]
+                                   for k in ("plain_ms", "verify_ms", "draft_ms") if first.get(k) and second.get(k)}
+    out = dict(second) | moments | {"reps": first["reps"] + second["reps"]}
     for role in ("target", "draft"):
         key = f"{role}_times_by_context"
         if key in first and key in second:
             out[key] = [[a + b for a, b in zip(ka, kb)] for ka, kb in zip(first[key], second[key])]
     return summarized(out)
+
+
+def unit_costs(records: list[dict]) -> dict[str, dict]:
+    """{configuration: its worker's costs}: measured before its generations and, since the pooling, after them
+    too (bench.worker), the first and last pooled; a record measured once stands as it is."""
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("type") == "costs" and "proposer" not in r:  # the replay's carry their proposer
+            by.setdefault(r["config"], []).append(r)
+    return {c: rs[0] if len(rs) == 1 or not _poolable(rs[0], rs[-1]) else pooled(rs[0], rs[-1])
+            for c, rs in by.items()}
+
+
+def _poolable(a: dict, b: dict) -> bool:
+    """Two records of one kind and shape: batched, or with their repetitions kept at the same contexts."""
+    if "seqs" in a or "seqs" in b:
+        return a.get("seqs") == b.get("seqs")
+    return "target_times_by_context" in a and "target_times_by_context" in b and a["contexts"] == b["contexts"]
 
 
 def at_context(cal: dict, context: float, key: str = "ms_by_context") -> list[float]:

@@ -78,3 +78,24 @@ def test_the_costs_two_moments_say_how_far_the_machine_moved():
     rec = {"reps": 4, "target_times_by_context": [[[10.0, 10.0, 12.0, 12.0], [20.0, 20.0, 18.0, 18.0]]]}
     assert moved(rec) == pytest.approx([0.2, -0.1])
     assert moved({"reps": 3, "target_ms_by_context": [[10.0]]}) is None  # measured once, before the pooling
+
+
+def test_a_workers_costs_before_and_after_its_generations_are_pooled():
+    """calibrate.unit_costs: the first and last costs record of a configuration pooled (in-situ: repetitions
+    together; batched: the mean of the two medians); a record measured once, or a replay's, as it is."""
+    from harness.calibrate import summarized, unit_costs
+    once = summarized({"type": "costs", "config": "a", "contexts": [100], "k": 1, "reps": 2,
+                       "target_times_by_context": [[[10.0, 12.0]]]})
+    later = summarized({"type": "costs", "config": "a", "contexts": [100], "k": 1, "reps": 2,
+                        "target_times_by_context": [[[14.0, 16.0]]]})
+    batched = [{"type": "costs", "config": "b", "seqs": [1, 8], "plain_ms": [10.0, 40.0], "verify_ms": [20.0, 80.0],
+                "draft_ms": [5.0, 20.0]},
+               {"type": "costs", "config": "b", "seqs": [1, 8], "plain_ms": [12.0, 44.0], "verify_ms": [22.0, 90.0],
+                "draft_ms": [5.0, 24.0]}]
+    replay = {"type": "costs", "config": "c", "proposer": "d", "contexts": [100], "target_ms_by_context": [[1.0]]}
+    got = unit_costs([once, {"type": "step"}, later, *batched, replay])
+    assert set(got) == {"a", "b"}  # the replay's records are pooled where they are written
+    assert got["a"]["reps"] == 4 and got["a"]["target_ms_by_context"] == [[13.0]]
+    assert got["b"]["plain_ms"] == [11.0, 42.0] and got["b"]["verify_ms"] == [21.0, 85.0]
+    assert got["b"]["draft_ms"] == [5.0, 22.0]
+    assert unit_costs([once])["a"] is once

@@ -182,7 +182,7 @@ def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir:
     """One timed unit (bench.worker.run_instance), its load in the ledger: per prompt and repeat, the prompt
     through the target (and its paired plain twin) and the draft model, the generation at the cost model's
     speed at ALPHA_GUESS (plain for a baseline or adaptive gamma) and the twin's plain one; in round 0 a
-    speculative unit first measures its decode costs (worker.measure_costs)."""
+    speculative unit measures its decode costs (worker.measure_costs) before its generations and after them."""
     from harness.calibrate import spanned_contexts
     from harness.costmodel import expected_tokens
     if not prompts:
@@ -200,12 +200,12 @@ def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir:
     ms += ledger.prompts_ms(fig, inst.target, cfg, inst.target, prompts, params.repeat * (1 + twin), cacheable)
     if draft:
         ms += ledger.prompts_ms(fig, draft, dcfg, inst.target, prompts, params.repeat, cacheable)
-    if not inst.baseline and round_ == 0:
+    if not inst.baseline and round_ == 0:  # before the generations and after them
         ctxs = spanned_contexts(n_in, [a + b for a, b in zip(n_in, n_out)], g + 1)
         threads = cfg.resolved_threads()
-        ms += in_situ_ms(fig.probe(inst.target, threads, inst.ngl), ctxs, g + 1)
+        ms += 2 * in_situ_ms(fig.probe(inst.target, threads, inst.ngl), ctxs, g + 1)
         if draft:
-            ms += in_situ_ms(fig.probe(draft, threads, inst.ngl_draft), ctxs, g + 1)
+            ms += 2 * in_situ_ms(fig.probe(draft, threads, inst.ngl_draft), ctxs, g + 1)
     ledger.load(1 + bool(draft))
     return ms
 

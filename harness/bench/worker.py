@@ -57,14 +57,20 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
             check_fits(len(toks), mt, inst.gamma, pair.target.n_ctx)
             requests.append((pr, Request(pr.id, toks, mt, pr.category)))
         warm_up(pair, requests[0][1].tokens, inst.parallel * (inst.gamma + 1) - 1)
-        if not inst.baseline and round_ == 0 and UNIT not in keep:  # the costs its rows pay, for the cost model
+        costs = not inst.baseline and round_ == 0  # the costs its rows pay, for the cost model
+
+        def measure() -> None:
             tw = TraceWriter(files["speculative"], config=inst.id, mode="speculative")
             tw.write(measure_costs(pair, [r for _, r in requests], inst.gamma + 1, inst.parallel))
             tw.close()
+        if costs and UNIT not in keep:
+            measure()
         if inst.parallel > 1:
             run_batches(inst, pair, [r for _, r in requests], files, params.repeat, check, plain_ref)
         else:
             run_sequential(inst, pair, requests, files, params.repeat, run_dir, check, plain_ref, keep)
+        if costs:  # and again after the generations: calibrate.unit_costs pools the two, as the replay's are
+            measure()
         kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
         engines = {"target": pair.target, "draft": pair.draft_engine}
         return {"status": "ok", "kv_bytes": kv, "rss_before_models": before_models,

@@ -98,7 +98,8 @@ def swapped_costs(records: list[dict], cals: dict[str, dict], targets: dict[str,
         # the calibration's own repetition spread, where it recorded one (none from the run's machine)
         spread = {"reps": t.get("reps"), "target_sd_by_context": _cut(t.get("ms_sd_by_context"), k),
                   "draft_sd_by_context": _cut(d.get("ms_last_sd_by_context"), k) if d else None}
-        out.append({x: v for x, v in r.items() if x not in spread}
+        # the run's own repetitions (calibrate.pooled) are of the run's machine: dropped with its medians
+        out.append({x: v for x, v in r.items() if x not in spread and not x.endswith("_times_by_context")}
                    | {x: v for x, v in spread.items() if v is not None}
                    | {"contexts": t["contexts"], "target_ms_by_context": [row[:k] for row in t["ms_by_context"]],
                       "draft_ms_by_context": [row[:k] for row in d["ms_last_by_context"]] if d

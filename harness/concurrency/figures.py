@@ -113,7 +113,8 @@ def concurrency_frame(sweep: pl.DataFrame, records: list[dict], paired: list[dic
         return None
     gens, batches, steps = _by(records, "generation"), _by(records, "batch"), _by(records, "step")
     p_gens, p_batches, p_steps = _by(paired, "generation"), _by(paired, "batch"), _by(paired, "step")
-    costs = {r["config"]: r for r in records if r.get("type") == "costs"}
+    from harness.calibrate import unit_costs
+    costs = unit_costs(records)
     rows = []
     for r in sweep.iter_rows(named=True):
         cfg, cat = r["config"], r["category"]

@@ -24,7 +24,7 @@ def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     oh = overhead_per_row(r)
     # the plain twins' ms per token, less the loop's own cost of its row: Costs.step_ms(0) adds it back
     plain_ms = 1 / r["ref_tokens_per_ms"] - oh if r["ref_tokens_per_ms"] else None
-    if measured is not None:  # measured in the row's worker, seconds before its generations
+    if measured is not None:  # measured in the row's worker, before its generations (and after, pooled)
         costs = measured_at(measured, r["context"], None, oh)
         if plain_ms and len(measured.get("contexts", [])) > 1:
             # plain decoding costs what the row's plain twins took per token, on the real prompts; the blocks and
@@ -62,7 +62,8 @@ def cost_model(sweep: pl.DataFrame, run_dir: Path, measured: dict[str, dict]) ->
         pred = None if r["adaptive"] else predicted_speedup(r["alpha"], r["gamma"], costs, share)
         rows.append({k: r[k] for k in ("category", "policy", "draft", "draft_label", "gamma", "gamma_label", "adaptive",
                                        "alpha", "speedup", "tokens_per_call_rse")}
-                    | {"predicted": pred, "error": pred / r["speedup"] - 1 if pred and r["speedup"] else None})
+                    | {"predicted": pred, "error": pred / r["speedup"] - 1 if pred and r["speedup"] else None,
+                       "pooled": measured.get(r["config"], {}).get("moments", 1) > 1})
         if not r["adaptive"]:  # the whole calibrated curve where the run has one, else the worker's own
             best.setdefault((r["category"], r["policy"], r["draft_label"]), (r["alpha"], calibrated or costs))
     if not rows:

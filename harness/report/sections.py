@@ -73,7 +73,9 @@ def cost_model(data: dict[str, pl.DataFrame]) -> list[str]:
             "E = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023), mixed with plain steps in the share "
             "of steps that proposed nothing (the end of a generation; an n-gram lookup that found no match), with "
             "the decode costs measured in "
-            "the row's worker seconds before its generations (the target's blocks with all logits, the draft's "
+            + ("the row's worker before its generations and after them, the two pooled "
+               if cm["pooled"].any() else "the row's worker seconds before its generations ")
+            + "(the target's blocks with all logits, the draft's "
             "decodes with the last row's; runs from before that use the run's calibration, `calibration/`, "
             "interpolated to the row's mean context length), scaled so that T_target(1) is the row's measured plain "
             "decode, and the row's measured alpha and per-step overhead. "

@@ -92,10 +92,8 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     out["equivalence"] = equivalence(gens, metrics.frame(records, "divergence"), cfg)
     out["noise"] = noise_frame(noise_records(run_dir), m["p_gens"], cfg)
     out["verdicts"] = run_verdicts(run_dir, plan, results, cfg, sweep, out["noise"])
-    measured_costs = {}
-    for c in (records_of(records, "costs")):
-        measured_costs.setdefault(c["config"], c)
-    out |= cost_model(sweep.filter(pl.col("parallel") == 1), run_dir, measured_costs)
+    from harness.calibrate import unit_costs
+    out |= cost_model(sweep.filter(pl.col("parallel") == 1), run_dir, unit_costs(records))
     conc = concurrency_frame(sweep, records, p_records, base_configs(cfg))
     if conc is not None:
         out["concurrency"] = conc
@@ -286,10 +284,6 @@ def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, b
     keep = ["base", "config_timed", "policy", "category", "proposer", "gamma", "adaptive", "acceptance_rate",
             "speedup", "speedup_lo", "speedup_hi", "speedup_at_baseline", "at_twins"]
     return pl.DataFrame(out, infer_schema_length=None).select(keep).rename({"config_timed": "timed_config"})
-
-
-def records_of(records: list[dict], kind: str) -> list[dict]:
-    return [r for r in records if r.get("type") == kind]
 
 
 def units_frame(results: dict[str, dict]) -> pl.DataFrame:
