@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from harness.bench.estimate import (CHOOSE_S, MODEL_S, REPORT_S, WORKER_S, Figures, Ledger, Probe, remaining_parts,
-                                    replay_ms, subset_ms, unit_ms)
+from harness.bench.estimate import (CHOOSE_S, MODEL_S, REPORT_S, WORKER_S, Figures, Ledger, Probe, batched_ms,
+                                    remaining_parts, replay_ms, subset_ms, unit_ms)
 from harness.plan import Instance, Params
 from harness.prompts import Prompt
 
@@ -189,3 +189,12 @@ def test_several_targets_add_their_fidelity_by_hand():
     other = 2 * 100 * 5 + 2 * 32 * 5 + 1 * 32 * 30
     assert parts["fidelity"] * 1000 == pytest.approx(ref + other)
     assert "fidelity" not in remaining_parts([], [], {}, ps, PARAMS, None, {"timed": True}, figures(ps))
+
+
+def test_a_batched_unit_prices_its_batched_calibration():
+    """concurrency.calibrate.batched_costs for N = 2, blocks of 2, by hand: 2 sequences of 128 tokens evaluated
+    (2 x 128 x 5), then 3 decodes of 1 x 1, 1 x 2, 2 x 1 and 2 x 2 tokens (30 + 40 + 40 + 60); the draft's of
+    1 x 1 and 2 x 1 only."""
+    p = Probe(5.0, 0.0, 30.0, 0.0, 10.0)
+    assert batched_ms(p, 2, 2, target=True) == pytest.approx(1280 + 3 * 170)
+    assert batched_ms(p, 2, 2, target=False) == pytest.approx(1280 + 3 * 70)

@@ -156,6 +156,15 @@ def in_situ_ms(p: Probe, contexts: tuple[int, ...], k_max: int) -> float:
     return sum(p.prompt(c) + REPS * sum(p.blocks(k_max, c)) for c in contexts)
 
 
+def batched_ms(p: Probe, n: int, block: int, target: bool, context: int = 128) -> float:
+    """concurrency.calibrate.batched_costs for one model: n sequences of `context` tokens evaluated, then REPS
+    decodes of m = 1, 2, 4, ... n sequences of one token each and, for the target, of `block` tokens each (a
+    batch of m t tokens priced as one block of as many)."""
+    from harness.concurrency.calibrate import sequence_counts
+    shapes = [m * t for m in sequence_counts(n) for t in ((1, block) if target else (1,))]
+    return n * p.prompt(context) + REPS * sum(p.blocks(x, context)[-1] for x in shapes)
+
+
 def unit_costs(inst: Instance, run_dir: Path | None, context: float, fig: Figures):
     """costmodel.Costs for an instance: calibrated when the run has calibrations, else from the probes (a
     verification of k tokens linear in k, from the probe's decode and block, at `context`)."""
@@ -203,9 +212,10 @@ def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir:
     if not inst.baseline and round_ == 0:  # before the generations and after them
         ctxs = spanned_contexts(n_in, [a + b for a, b in zip(n_in, n_out)], g + 1)
         threads = cfg.resolved_threads()
-        ms += 2 * in_situ_ms(fig.probe(inst.target, threads, inst.ngl), ctxs, g + 1)
-        if draft:
-            ms += 2 * in_situ_ms(fig.probe(draft, threads, inst.ngl_draft), ctxs, g + 1)
+        for model, ngl, target in ((inst.target, inst.ngl, True), (draft, inst.ngl_draft, False))[:1 + bool(draft)]:
+            pr = fig.probe(model, threads, ngl)
+            ms += 2 * (batched_ms(pr, inst.parallel, g + 1, target) if inst.parallel > 1 else
+                       in_situ_ms(pr, ctxs, g + 1))
     ledger.load(1 + bool(draft))
     return ms
 
