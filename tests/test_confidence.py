@@ -82,6 +82,7 @@ def prompt_file(tmp_path, n):
     return f
 
 
+@pytest.mark.slow  # three rounds of a real run, and a resume: 14 s
 def test_until_confident_adds_the_next_prompts_in_file_order_and_says_when_they_run_out(tmp_path, smol):
     """Two prompts in the category: round 1 adds the second (two prompts cannot settle a verdict: t with one
     degree of freedom), then there are none left: said in the report, not an error. --resume continues."""

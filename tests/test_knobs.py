@@ -162,6 +162,7 @@ def test_knobs_name_their_rows_and_pair_with_their_own_plain_twins(knobs_run):
     assert harness("report", str(run), "--check").returncode == 0
 
 
+@pytest.mark.slow  # two targets' sweep and their fidelity, run for real: 15 s
 def test_several_targets_get_a_quantization_table_with_their_fidelity(tmp_path, smol, smol_q2k):
     r = harness("bench", "--target", f"{T},{D}", "--draft", "ngram:2", "--gamma", "2", "--prompts", str(PROMPT_FILE),
                 "--per-category", "1", "--max-tokens", "12", "--out", str(tmp_path))

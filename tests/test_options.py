@@ -75,6 +75,7 @@ def test_run_reads_its_prompt_from_a_file_and_its_seed_decides_the_sample(tmp_pa
     assert any(o != from_file for o in others)  # at T=1 three other seeds cannot all draw the same 8 tokens
 
 
+@pytest.mark.slow  # rounds of a real run until settled: 11 s
 def test_until_confident_stops_once_every_verdict_has_settled(tmp_path, smol, monkeypatch):
     """Which verdicts are open is the verdicts' business (tested with them); here the loop: a category open
     after round 0 gets its next prompt, and once none is open the run stops, says so, and records why."""
