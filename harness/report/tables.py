@@ -232,7 +232,8 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
         cfg.select(pl.col("config").alias("base"), "target", "ngl", "threads", "setup"), on="base", how="left")
     out = {"replay": pred, "replay_costs": costs.join(cfg.select("config", "target"), on="config", how="left")}
     # the replay again on the very prompts the timed runs used: what their measurements check, like for like
-    same = replay_same(records, gens, p_gens, base_of, plain, plan.get("params", {}).get("replay_gamma", 8))
+    same = replay_same(records, gens, p_gens, base_of, dict(zip(cfg["config"], cfg["draft"])), plain,
+                       plan.get("params", {}).get("replay_gamma", 8))
     if same is not None:
         keys = ["base", "timed_config", "category", "proposer", "gamma", "adaptive"]
         out["replay_same"] = same.join(timed, on=keys, how="inner").join(
@@ -254,7 +255,7 @@ def moved(rec: dict) -> list[float] | None:
 
 
 def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, base_of: dict[str, str],
-                plain: dict, gamma_max: int) -> pl.DataFrame | None:
+                draft_of: dict[str, str], plain: dict, gamma_max: int) -> pl.DataFrame | None:
     """The replay's predictions on the prompts each timed configuration ran, one configuration at a time: plain
     decoding priced at the pace of that configuration's own plain twins (paired, alternating with its
     generations: the machine's pace at that moment), else at the baselines' ("speedup_at_baseline": the
@@ -265,9 +266,10 @@ def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, b
     is_spec = pl.col("mode") == "speculative"
     out = []
     for (config, cat), g in gens.filter(is_spec).group_by("config", "category", maintain_order=True):
-        base, ids = base_of.get(config), set(g["prompt_id"])
-        recs = [r for r in records if r.get("config") == base and (r.get("type") == "costs"
-                                                                  or r.get("prompt_id") in ids)]
+        base, ids, draft = base_of.get(config), set(g["prompt_id"]), draft_of.get(config)
+        # its baseline's replay of its prompts, for its own proposer (the predictions cover every gamma)
+        recs = [r for r in records if r.get("config") == base and r.get("proposer", draft) == draft
+                and (r.get("type") == "costs" or r.get("prompt_id") in ids)]
         twins = p_gens.filter((pl.col("config") == config) & pl.col("prompt_id").is_in(list(ids))) \
             if len(p_gens) else p_gens
         own = {(base, c): ms for (_, c), ms in plain_decode_ms(twins).items()}
