@@ -152,6 +152,19 @@ def pooled(first: dict, second: dict) -> dict:
     return summarized(out)
 
 
+def moved(rec: dict) -> list[float] | None:
+    """How far each of the target's blocks moved between a replay's costs record's two moments (pooled: the
+    first half of each k's repetitions, then the second; the replay has pooled every record that keeps its
+    repetitions, including those from before "moments" was recorded): the second's median over the first's,
+    less 1, per context and k. None for a record without repetitions."""
+    times = rec.get("target_times_by_context")
+    if not times:
+        return None
+    half = rec["reps"] // 2
+    return [statistics.median(t[half:]) / statistics.median(t[:half]) - 1 for ctx in times for t in ctx
+            if half and len(t) > half]
+
+
 def unit_costs(records: list[dict]) -> dict[str, dict]:
     """{configuration: its worker's costs}: measured before its generations and, since the pooling, after them
     too (bench.worker), the first and last pooled; a record measured once stands as it is."""

@@ -74,7 +74,7 @@ def test_two_moments_pool_their_repetitions():
 
 
 def test_the_costs_two_moments_say_how_far_the_machine_moved():
-    from harness.report.tables import moved
+    from harness.calibrate import moved
     rec = {"reps": 4, "target_times_by_context": [[[10.0, 10.0, 12.0, 12.0], [20.0, 20.0, 18.0, 18.0]]]}
     assert moved(rec) == pytest.approx([0.2, -0.1])
     assert moved({"reps": 3, "target_ms_by_context": [[10.0]]}) is None  # measured once, before the pooling

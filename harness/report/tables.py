@@ -3,7 +3,6 @@ raw traces every time (what the Markdown, the exports and --check are made of)."
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 import polars as pl
@@ -218,6 +217,7 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
     rows = predictions(records, plain, plan.get("params", {}).get("replay_gamma", 8))
     if not rows:
         return {}
+    from harness.calibrate import moved
     costs = pl.DataFrame([{k: r[k] for k in ("config", "policy", "proposer", "contexts", "target_ms_by_context",
                                              "draft_ms_by_context", "overhead_ms")} | {"moved": moved(r)}
                           for r in records if r.get("type") == "costs"], infer_schema_length=None)
@@ -240,18 +240,6 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
             cfg.select(pl.col("config").alias("base"), "target"), on="base", how="left")
     from harness.report.replayed import predicted_verdicts
     return out | {"replay_verdicts": predicted_verdicts(pred, plan.get("params", {}).get("min_gain", verdict.MIN_GAIN))}
-
-
-def moved(rec: dict) -> list[float] | None:
-    """How far each of the target's blocks moved between a costs record's two moments (calibrate.pooled: the
-    first half of each k's repetitions, then the second): the second's median over the first's, less 1, per
-    context and k. None for a record measured once."""
-    times = rec.get("target_times_by_context")
-    if not times:
-        return None
-    half = rec["reps"] // 2
-    return [statistics.median(t[half:]) / statistics.median(t[:half]) - 1 for ctx in times for t in ctx
-            if half and len(t) > half]
 
 
 def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, base_of: dict[str, str],
