@@ -99,13 +99,14 @@ def spanned_contexts(prompt_lens: list[int], ends: list[int], k_max: int) -> tup
 
 
 def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max: int,
-            contexts: tuple[int, ...], reps: int = 3) -> dict:
+            contexts: tuple[int, ...], reps: int = 3, cache=None, prefixes: list[list[int]] = ()) -> dict:
     """The decode costs a worker's rows will pay, measured in the worker before them (and after: pooled): the target's
     verification blocks (all logits) and the draft's decodes (last logits) of k = 1..k_max tokens, after each
     of `contexts` cached tokens of real prompt text (interpolated to each row's own context), with each median's
     repetitions' spread ("*_sd_by_context", with "reps") and the repetitions ("*_times_by_context"). A
     calibration taken minutes earlier can be stale: on a 2-core VM the batched decodes slowed by 13% relative to
-    single-token ones between the run's calibration and its sweep."""
+    single-token ones between the run's calibration and its sweep. cache, prefixes: the run's prompt cache and
+    the prompts as the rows evaluate them through it (promptcache), from which each context starts (fill)."""
     engines = [e for e in (target, draft) if e is not None]
     room = min(e.n_ctx for e in engines) - k_max - 2
     ctxs = [c for c in contexts if c <= room] or [room]
@@ -116,12 +117,25 @@ def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max:
             continue
         out[f"{role}_times_by_context"] = []
         for c in ctxs:
-            e.reset()
-            e.decode(filler[:c], logits="none")
+            fill(e, filler[:c], cache, prefixes)
             out[f"{role}_times_by_context"].append(
                 [[round(x, 3) for x in t] for t in block_times(e, c, filler[c - k_max:c], k_max, reps, logits)])
         e.reset()
     return summarized(out)
+
+
+def fill(e: Engine, tokens: list[int], cache=None, prefixes: list[list[int]] = ()) -> None:
+    """len(tokens) tokens into e's emptied KV, no logits. With the run's prompt cache, the longest of `prefixes`
+    that fits is restored (or evaluated and saved, which the generation's own evaluation of it then restores)
+    and only the rest decoded: evaluating a long context afresh, before the rows and after them, cost a timed
+    unit more than its generations on an Intel Xeon VM. Which tokens fill the KV does not change what a decode
+    after them costs."""
+    e.reset()
+    start = max((p for p in prefixes if len(p) <= len(tokens)), key=len, default=[]) if cache is not None else []
+    if start:
+        cache.evaluate(e, start)
+    if len(tokens) > len(start):
+        e.decode(tokens[len(start):], logits="none")
 
 
 def summarized(rec: dict) -> dict:

@@ -58,6 +58,25 @@ def test_then_the_gammas_then_the_timed_subset_then_the_prompts_each_to_its_floo
         "cut: running anyway")
 
 
+def test_where_the_floors_do_not_fit_the_further_sweeps_go_and_the_rest_is_planned_again():
+    also = [{"target": ["t16"], "temp": [0.0]}]
+
+    def with_also(q: Params) -> float:  # a further sweep costs as much as the main one, and 3 minutes more
+        return cost(q) * (1 + len(q.also)) + 180 * len(q.also)
+    f = fit(replace(DEFAULT, also=also, budget_min=50), with_also, 10, 32)  # floors 2 x 37 + 3 min; alone 71
+    assert f.params.also == [] and f.params.max_tokens == 16 and f.params.replay_gamma == 8
+    assert [(c.param, c.before, c.after) for c in f.cuts] == [("also", ["target t16 temp 0.0"], []),
+                                                              ("max_tokens", 32, 16)]
+    assert (f.estimate_before_s / 60, f.estimate_after_s / 60) == (145, 39) and f.record()["fits"]
+    assert f.cuts[0].why == "cut to their floors, estimated 77.0 min, over 42.5 min (85% of the 50 min budget)"
+    assert budget_line(f.record()) == (
+        "budget 50 min (fitted to 85% of it): estimated 145.0 min as asked; cut the further sweeps (target t16 "
+        "temp 0.0: --budget-min 91 keeps them), max tokens 32 -> 16: now about 39.0 min")
+    # where they fit at their floors, they stay
+    kept = fit(replace(DEFAULT, also=also, budget_min=91), with_also, 10, 32)
+    assert kept.params.also == also and kept.record()["fits"]
+
+
 def test_a_category_of_ten_prompts_or_fewer_keeps_all_and_a_short_run_is_not_cut():
     f = fit(replace(DEFAULT, max_tokens=12, gamma=[1, 2], replay_gamma=3, budget_min=1), cost, 10, 32)
     assert not f.cuts and f.params.per_category == 0

@@ -44,6 +44,9 @@ SPEC_MS = 3920 + 2400 + COSTS_MS
 # verify of 4) for 2.176 tokens, and the twin's 30 ms: 32 x 71.36; the decode costs measured twice at contexts
 # 100 and 132 for k = 1..4: target 232 x 5 + 2 x 3 x 180, draft 232 x 2 + 2 x 3 x 52
 EXTRA_MS = 32 * (90 / 2.176 + 30) + 2 * (1160 + 1080 + 464 + 312)
+# with the prompt cache those contexts start from a prompt's cached 99 tokens (calibrate.fill): 1 + 33 tokens
+# evaluated, not 232, by both models (5 and 2 ms a token), twice
+FILLED_MS = 2 * (232 - 34) * (5 + 2)
 # the plain baseline on the same prompts: 64 x 30 decodes and 2 x 100 x 5 of prompts
 BASE_MS = 64 * 30 + 1000
 
@@ -76,8 +79,8 @@ def test_with_the_prompt_cache_each_model_evaluates_each_prompt_once_a_run():
                                      "worker starts and model loads": 3 * WORKER_S + 4 * MODEL_S,
                                      "reports": REPORT_S})
     # with: the baseline evaluates the target's prompts (1000 ms), which its speculative unit, twin and drift
-    # check restore; the draft evaluates its own once (400 ms)
-    assert cached == pytest.approx({"units": (BASE_MS + SPEC_MS - 2000) / 1000, "drift check": 1.92,
+    # check restore; the draft evaluates its own once (400 ms); the decode costs start from cached prompts
+    assert cached == pytest.approx({"units": (BASE_MS + SPEC_MS - 2000 - FILLED_MS) / 1000, "drift check": 1.92,
                                     "worker starts and model loads": 3 * WORKER_S + 4 * MODEL_S,
                                     "reports": REPORT_S})
 
@@ -146,9 +149,10 @@ def test_timed_subset_is_gamma_one_and_the_predicted_best_gamma_on_each_category
     ledger = Ledger(cached=False)
     assert subset_ms(insts, ps, p, None, figures(ps), ledger) == pytest.approx(SPEC_MS + EXTRA_MS + 2400 / 2)
     assert ledger.load_ms == pytest.approx(2 * (WORKER_S + 2 * MODEL_S) * 1000)
-    # with the cache the target evaluates each prompt once, not again for the twin, nor for the second unit
+    # with the cache the target evaluates each prompt once, not again for the twin, nor for the second unit; both
+    # units' decode costs start from cached prompts
     assert subset_ms(insts, ps, replace(p, prompt_cache=True), None, figures(ps), Ledger(cached=True)) == \
-        pytest.approx(SPEC_MS - 1000 + EXTRA_MS)
+        pytest.approx(SPEC_MS - 1000 + EXTRA_MS - 2 * FILLED_MS)
     # a target whose blocks cost little more than a decode (100 + 5 (k - 1) ms): gamma 2 is predicted best (66.3
     # ms a token against 71.9 at gamma 1), a unit of its own beside gamma 1's, and the allowance at gamma 4
     fig = figures(ps)
@@ -174,8 +178,8 @@ def test_the_parts_add_up_for_a_replayed_run_with_a_timed_subset():
     # no drift check beside a timed subset (its baselines ran on every prompt); the subset restores every prompt:
     # the target's evaluated by the baseline, the draft's by the replay
     assert parts["units"] == pytest.approx(BASE_MS / 1000)
-    assert parts["replay"] == pytest.approx((2 * (4940 + 1436) + 400 + 640) / 1000)
-    assert parts["timed subset"] == pytest.approx((SPEC_MS - 2400 + EXTRA_MS) / 1000 + CHOOSE_S)
+    assert parts["replay"] == pytest.approx((2 * (4940 + 1436) + 400 + 640 - FILLED_MS) / 1000)
+    assert parts["timed subset"] == pytest.approx((SPEC_MS - 2400 + EXTRA_MS - 2 * FILLED_MS) / 1000 + CHOOSE_S)
 
 
 def test_several_targets_add_their_fidelity_by_hand():

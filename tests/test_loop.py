@@ -221,3 +221,27 @@ def test_costs_measured_in_the_worker(engines):
     room = min(target.n_ctx, draft.n_ctx) - 3 - 2  # a context that does not fit is replaced by the largest that does
     assert in_situ(target, None, tokens, k_max=3, contexts=(10 ** 6,), reps=1)["contexts"] == [room]
     assert target.n_past == 0 and draft.n_past == 0  # both left empty for the generations
+
+
+def test_costs_start_from_the_prompts_cached_state(engines, tmp_path):
+    """calibrate.in_situ with the run's prompt cache: each context starts from the longest prompt that fits, as
+    the loop evaluates it (all but its last token), which the generation then restores."""
+    from harness.calibrate import in_situ
+    from harness.promptcache import PromptCache
+    target, draft = engines
+    reqs = requests(target)
+    cache = PromptCache(tmp_path)
+    starts = [r.tokens[:-1] for r in reqs]
+    short, long = sorted(len(x) for x in starts)[0], max(len(x) for x in starts)
+    text = [t for r in reqs for t in r.tokens]
+    rec = in_situ(target, draft, text, k_max=3, contexts=(short, long + 20), reps=1, cache=cache, prefixes=starts)
+    assert rec["contexts"] == [short, long + 20] and all(v > 0 for x in rec["target_ms_by_context"] for v in x)
+    assert cache.counts() == {"restored": 0, "evaluated": 4, "rejected": 0, "unsaved": 0}  # 2 prompts x 2 models
+    assert target.n_past == 0 and draft.n_past == 0
+    # measured again (after the generations): every start restored
+    in_situ(target, draft, text, k_max=3, contexts=(short, long + 20), reps=1, cache=cache, prefixes=starts)
+    assert cache.counts()["restored"] == 4
+    # the generation of the longest prompt restores what the costs evaluated
+    gen = generate(target, max(reqs, key=lambda r: len(r.tokens)), Policy(), DraftModelProposer(draft, cache=cache),
+                   2, cache=cache)
+    assert gen["prompt_cached"] and cache.counts()["restored"] == 6 and cache.counts()["evaluated"] == 4

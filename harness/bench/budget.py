@@ -2,13 +2,17 @@
 budget, cut, in this order: the tokens per generation (not below 16), the gammas replayed or swept (not below
 4), the timed subset (not below one prompt per category), the prompts per category (not below 10; a category
 with fewer keeps all). Each is halved at a time until the run fits or it reaches its floor, so a run is cut no
-more than it must be, to values that recur from one machine to the next. Prompts go last: the verdicts rest on
-them. What still does not fit runs anyway, and says so. The run is fitted to PLANNED of the budget, not all of
-it: the estimate has come out up to 15% low (on an Intel Xeon VM, 17.6 min estimated against 20.8 taken).
+more than it must be, to values that recur from one machine to the next. Prompts go last of these: the verdicts
+rest on them. Where even those floors do not fit, the further sweeps (`also`) are dropped whole and the cuts
+planned again without them: on an Intel Xeon VM at 11 tok/s, the default profile's F16 sweep alone cost more
+than half the floors' 21 minutes. What still does not fit runs anyway, and says so. The run is fitted to PLANNED
+of the budget, not all of it: the estimate has come out up to 15% low (on an Intel Xeon VM, 17.6 min estimated
+against 20.8 taken).
 
 Pure: the caller passes the cost estimate (seconds for a parameter set) and the prompt set's shape."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
@@ -26,6 +30,7 @@ class Cut:
     estimate_before_s: float
     estimate_after_s: float
     why: str
+    hint: str = ""  # what the line adds: how to keep what was dropped
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,26 @@ def fit(params: Params, cost: Callable[[Params], float], largest_category: int, 
     """params cut to fit params.budget_min by cost(params) (seconds), and the cuts made, each with its reason.
     largest_category: the most prompts a category has; own_max_tokens: the longest of the prompts' own
     max_tokens (what max_tokens 0 stands for)."""
+    first = _halved(params, cost, largest_category, own_max_tokens)
+    if not params.also or first.estimate_after_s <= (params.budget_min or 0) * 60 * PLANNED:
+        return first
+    alone = replace(params, also=[])
+    rest = _halved(alone, cost, largest_category, own_max_tokens)
+    keep = first.estimate_after_s / PLANNED / 60  # the budget at which the floors would have fitted with them
+    drop = Cut("also", [_sweep(a) for a in params.also], [], first.estimate_before_s, rest.estimate_before_s,
+               f"cut to their floors, estimated {first.estimate_after_s / 60:.1f} min, over "
+               f"{params.budget_min * PLANNED:.1f} min ({PLANNED:.0%} of the {params.budget_min:g} min budget)",
+               f"--budget-min {math.ceil(keep)} keeps them")
+    return replace(rest, estimate_before_s=first.estimate_before_s, cuts=(drop, *rest.cuts))
+
+
+def _sweep(extra: dict) -> str:
+    """A further sweep in a few words: its lists."""
+    return " ".join(f"{k} {','.join(map(str, v if isinstance(v, list) else [v]))}" for k, v in extra.items())
+
+
+def _halved(params: Params, cost: Callable[[Params], float], largest_category: int, own_max_tokens: int) -> Fit:
+    """fit's halvings, each down to its floor."""
     est = before = cost(params)
     if params.budget_min is None:
         return Fit(params, None, before, before)

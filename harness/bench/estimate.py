@@ -151,9 +151,14 @@ class Ledger:
         return total
 
 
-def in_situ_ms(p: Probe, contexts: tuple[int, ...], k_max: int) -> float:
-    """calibrate.in_situ for one model: each context's text evaluated, then REPS blocks of k = 1..k_max after it."""
-    return sum(p.prompt(c) + REPS * sum(p.blocks(k_max, c)) for c in contexts)
+def in_situ_ms(p: Probe, contexts: tuple[int, ...], k_max: int, starts: list[int] = ()) -> float:
+    """calibrate.in_situ for one model: each context's text evaluated, but for the longest of the prompts' cached
+    states that fits (`starts`, their lengths: calibrate.fill restores it, and the ledger counts its evaluation
+    where the rows' own is), then REPS blocks of k = 1..k_max after it."""
+    def rest(c: int) -> float:
+        s = max((x for x in starts if x <= c), default=0)
+        return p.prompt(c - s, start=s)
+    return sum(rest(c) + REPS * sum(p.blocks(k_max, c)) for c in contexts)
 
 
 def batched_ms(p: Probe, n: int, block: int, target: bool, context: int = 128) -> float:
@@ -215,7 +220,7 @@ def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir:
         for model, ngl, target in ((inst.target, inst.ngl, True), (draft, inst.ngl_draft, False))[:1 + bool(draft)]:
             pr = fig.probe(model, threads, ngl)
             ms += 2 * (batched_ms(pr, inst.parallel, g + 1, target) if inst.parallel > 1 else
-                       in_situ_ms(pr, ctxs, g + 1))
+                       in_situ_ms(pr, ctxs, g + 1, [n - 1 for n in n_in] * (params.prompt_cache and cacheable)))
     ledger.load(1 + bool(draft))
     return ms
 
@@ -254,12 +259,13 @@ def replay_ms(base: Instance, prompts: list, models: list[str], params: Params, 
     sizes = [(fig.tokens(base.target, p), params.max_tokens or p.max_tokens) for p in prompts]  # prompt, output
     ctxs = spanned_contexts([n for n, _ in sizes], [n + o for n, o in sizes], k_max)
     t = fig.probe(base.target, threads, base.ngl)
-    ms = 2 * in_situ_ms(t, ctxs, k_max)  # the costs are measured before the prompts and after them
+    starts = [n - 1 for n, _ in sizes] * params.prompt_cache
+    ms = 2 * in_situ_ms(t, ctxs, k_max, starts)  # the costs are measured before the prompts and after them
     if not greedy:
         ms += ledger.prompts_ms(fig, base.target, cfg, base.target, prompts) + sum(t.prompt(o, n) for n, o in sizes)
     for m in models:
         d = fig.probe(m, threads, dcfg.n_gpu_layers)
-        ms += 2 * in_situ_ms(d, ctxs, k_max) + ledger.prompts_ms(fig, m, dcfg, base.target, prompts,
+        ms += 2 * in_situ_ms(d, ctxs, k_max, starts) + ledger.prompts_ms(fig, m, dcfg, base.target, prompts,
                                                              stepwise + (not greedy))
         ms += sum(stepwise * o * d.decode(n + o / 2) + (not greedy) * d.prompt(o, n) for n, o in sizes)
     ledger.load(1 + len(models))

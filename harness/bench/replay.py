@@ -72,11 +72,12 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
             """Per proposer, its costs over the prompts' own text at a short and a long context."""
             text = [t for x in texts for t in x]
             ctxs = spanned_contexts([len(x) for x in texts], [len(t) + len(o) for _, t, o, _ in todo], gamma_max + 1)
-            t = in_situ(target, None, text, gamma_max + 1, ctxs)
+            starts = [x[:-1] for x in texts]  # as teacher_forced and stepwise_argmax evaluate a prompt
+            t = in_situ(target, None, text, gamma_max + 1, ctxs, cache=cache, prefixes=starts)
             out = {}
             for name in proposers:
                 if name in engines:
-                    d = in_situ(None, engines[name], text, gamma_max + 1, ctxs)
+                    d = in_situ(None, engines[name], text, gamma_max + 1, ctxs, cache=cache, prefixes=starts)
                     d = {k: v for k, v in d.items() if k.startswith("draft_")}
                 else:  # a lookup's own time, without a spread
                     d = {"draft_ms_by_context": [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(t["contexts"])}

@@ -197,7 +197,8 @@ def measure_costs(pair, requests: list, k_max: int, parallel: int = 1) -> dict:
         return batched_costs(pair.target, pair.draft_engine, text, parallel, k_max - 1)
     from harness.calibrate import in_situ, spanned_contexts
     ctxs = spanned_contexts([len(r.tokens) for r in requests], [len(r.tokens) + r.max_tokens for r in requests], k_max)
-    return in_situ(pair.target, pair.draft_engine, text, k_max, ctxs)
+    return in_situ(pair.target, pair.draft_engine, text, k_max, ctxs, cache=pair.prompt_cache,
+                   prefixes=[r.tokens[:-1] for r in requests])  # as the loop evaluates a prompt
 
 
 def warm_up(pair, tokens: list[int], gamma: int) -> None:
