@@ -179,7 +179,7 @@ def test_a_dry_run_prints_the_plan_and_the_cuts_and_runs_nothing(tmp_path, smol,
     est = next(ln for ln in lines if ln.startswith("estimated time: about"))
     assert all(f"{part} " in est for part in ("units", "replay", "timed subset", "worker starts and model loads"))
     assert f"dry run: probed each model for the estimate ({T}: a prompt token " in r.stderr, r.stderr
-    assert f" ms a further token of a block; {D}: " in r.stderr and not out.exists()
+    assert " ms a further token of a block; loaded in " in r.stderr and f" s; {D}: " in r.stderr and not out.exists()
 
 
 def test_a_dry_run_plans_a_new_run_only(tmp_path):

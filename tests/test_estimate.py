@@ -58,6 +58,15 @@ def test_costs_grow_with_the_tokens_cached():
     assert p.blocks(3, 500) == pytest.approx([40, 50, 60])
 
 
+def test_blocks_cost_what_each_size_was_timed_at_and_loads_what_the_probe_took():
+    """A 3-token block dearer than a 4-token one (as the Xeon VM's Q4_K_M); beyond the sizes timed, the step."""
+    p = Probe(5.0, 0.0, 30.0, 0.02, 10.0, (20.0, 35.0, 30.0), 2.0)
+    assert p.blocks(6, 500) == pytest.approx([40, 60, 75, 70, 80, 90])
+    ledger = Ledger(cached=False)
+    ledger.load(p, PROBES[(D, 2, 0)])
+    assert ledger.load_ms == pytest.approx((WORKER_S + 2.0 + MODEL_S) * 1000)
+
+
 def test_a_unit_by_hand_and_its_load():
     ps = prompts(1)
     ledger = Ledger(cached=False)

@@ -33,13 +33,18 @@ REPORT_S = 15.0
 class Probe:
     """A model's speed on this machine, linear in the tokens already cached (attention grows with them: on the
     2-core VM a prompt token at position 900 costs the 1.5B 12% more than at 100, the 0.5B 30%): a prompt token
-    evaluated in a batch and one decode, at context 0 and their growth per cached token; and what each further
-    token of a verify-sized block adds to a decode."""
+    evaluated in a batch and one decode, at context 0 and their growth per cached token; what each further token
+    of a verify-sized block adds to a decode; what blocks of 2..BLOCK tokens add to one, each timed (the step is
+    not linear: on the Xeon VM the 1.5B Q4_K_M's 3-token block costs more than its 4-token one, and its 2- and
+    3-token blocks 25-30% more than the line through 1 and 8 tokens); the model's load, as timed (0.3-0.7 s on
+    one VM, 2 s on another)."""
     prompt_ms: float
     prompt_growth: float
     decode_ms: float
     decode_growth: float
     block_step_ms: float
+    block_extra_ms: tuple[float, ...] = ()  # k = 2..BLOCK: a block's cost over a decode at the same context
+    load_s: float = MODEL_S
 
     def prompt(self, n: float, start: float = 0) -> float:
         """ms of evaluating n tokens in batches after `start` cached."""
@@ -50,12 +55,16 @@ class Probe:
 
     def blocks(self, k_max: int, context: float) -> list[float]:
         """ms of a decode of k = 1..k_max tokens (all logits) after `context` cached."""
-        return [self.decode(context) + (k - 1) * self.block_step_ms for k in range(1, k_max + 1)]
+        extra = (0.0, *self.block_extra_ms)
+        return [self.decode(context) + (extra[k - 1] if k <= len(extra) else
+                                        extra[-1] + (k - len(extra)) * self.block_step_ms)
+                for k in range(1, k_max + 1)]
 
 
 def probe(ref: str, threads: int, ngl: int) -> Probe:
-    """Probe a model, warm: decodes after a few tokens and after 2 CHUNK (the median of 8 each), each prompt chunk
-    timed once (seconds of work), blocks after 2 CHUNK (the median of 3)."""
+    """Probe a model, warm: its load, decodes after a few tokens and after 2 CHUNK (the median of 8 each), each
+    prompt chunk timed once (seconds of work), blocks of 2..BLOCK tokens after 2 CHUNK (the median of 3, sizes in
+    turn as calibrate.in_situ times them)."""
     import statistics
 
     from harness.engine import Engine, EngineConfig
@@ -72,16 +81,19 @@ def probe(ref: str, threads: int, ngl: int) -> Probe:
         for start in (0, CHUNK):
             prompt.append(_ms(e.decode, toks[start:start + CHUNK], logits="none") / CHUNK)
         decode.append((2 * CHUNK + 4, decodes()))
-        block = []
+        block: dict[int, list[float]] = {k: [] for k in range(2, BLOCK + 1)}
         for _ in range(3):
-            e.trim(2 * CHUNK)
-            block.append(_ms(e.decode, toks[:BLOCK], logits="all"))
+            for k in block:
+                e.trim(2 * CHUNK)
+                block[k].append(_ms(e.decode, toks[:k], logits="all"))
+        load_s = e.load_ms / 1000
     # the chunks' mean positions lie CHUNK apart; a timing's noise is no shrinking
     prompt_growth = max(prompt[1] - prompt[0], 0.0) / CHUNK
     (c0, d0), (c1, d1) = decode
     decode_growth = max(d1 - d0, 0.0) / (c1 - c0)
+    extra = tuple(max(statistics.median(t) - d1, 0.0) for t in block.values())
     return Probe(prompt[0] - prompt_growth * CHUNK / 2, prompt_growth, d0 - decode_growth * c0, decode_growth,
-                 max(statistics.median(block) - d1, 0.0) / (BLOCK - 1))
+                 extra[-1] / (BLOCK - 1), extra, load_s)
 
 
 def _ms(work, *args, **kw) -> float:
@@ -121,7 +133,7 @@ class Figures:
         """The probes taken, as a dry run reports them."""
         return "; ".join(f"{ref}: a prompt token {p.prompt_ms:.1f} ms and a decode {p.decode_ms:.1f} ms at context 0, "
                          f"{p.prompt_growth * 1000:.1f} and {p.decode_growth * 1000:.1f} ms more per 1000 cached; "
-                         f"{p.block_step_ms:.1f} ms a further token of a block"
+                         f"{p.block_step_ms:.1f} ms a further token of a block; loaded in {p.load_s:.1f} s"
                          for (ref, _, _), p in self.probes.items()) or "none"
 
 
@@ -133,8 +145,9 @@ class Ledger:
     def __init__(self, cached: bool):
         self.cached, self.paid, self.load_ms = cached, set(), 0.0
 
-    def load(self, models: int) -> None:
-        self.load_ms += (WORKER_S + models * MODEL_S) * 1000
+    def load(self, *models: Probe) -> None:
+        """A worker started and these models loaded."""
+        self.load_ms += (WORKER_S + sum(m.load_s for m in models)) * 1000
 
     def prompts_ms(self, fig: Figures, model: str, cfg, target: str, prompts: list, uses: int = 1,
                    cacheable: bool = True) -> float:
@@ -210,18 +223,18 @@ def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir:
     twin = params.paired and not inst.baseline
     cacheable = inst.parallel == 1  # the worker batches several sequences without the cache
     cfg, dcfg = inst.engine_config(params.n_ctx), inst.draft_engine_config(params.n_ctx)
+    threads = cfg.resolved_threads()
     ms = sum(n_out) * params.repeat * (per_tok + twin * plain)
     ms += ledger.prompts_ms(fig, inst.target, cfg, inst.target, prompts, params.repeat * (1 + twin), cacheable)
     if draft:
         ms += ledger.prompts_ms(fig, draft, dcfg, inst.target, prompts, params.repeat, cacheable)
     if not inst.baseline and round_ == 0:  # before the generations and after them
         ctxs = spanned_contexts(n_in, [a + b for a, b in zip(n_in, n_out)], g + 1)
-        threads = cfg.resolved_threads()
         for model, ngl, target in ((inst.target, inst.ngl, True), (draft, inst.ngl_draft, False))[:1 + bool(draft)]:
             pr = fig.probe(model, threads, ngl)
             ms += 2 * (batched_ms(pr, inst.parallel, g + 1, target) if inst.parallel > 1 else
                        in_situ_ms(pr, ctxs, g + 1, [n - 1 for n in n_in] * (params.prompt_cache and cacheable)))
-    ledger.load(1 + bool(draft))
+    ledger.load(*(fig.probe(m, threads, n) for m, n in ((inst.target, inst.ngl), (draft, inst.ngl_draft)) if m))
     return ms
 
 
@@ -247,28 +260,26 @@ def replay_ms(base: Instance, prompts: list, models: list[str], params: Params, 
     decode (calibrate.spanned_contexts, k = 1..replay_gamma + 1)."""
     from harness.calibrate import spanned_contexts
     from harness.sampling import Policy
-    if not prompts:
-        ledger.load(1 + len(models))
-        return 0.0
     greedy = Policy(**base.policy).greedy
     stepwise = greedy or "exact" in params.verify
     cfg = base.engine_config(params.n_ctx)
     dcfg = replace(cfg, n_gpu_layers=params.ngl_draft[0], cache_k=params.cache_type_k_draft[0],
                    cache_v=params.cache_type_v_draft[0])  # as replay_unit opens every draft model
     threads, k_max = cfg.resolved_threads(), params.replay_gamma + 1
+    t, ds = fig.probe(base.target, threads, base.ngl), [fig.probe(m, threads, dcfg.n_gpu_layers) for m in models]
+    ledger.load(t, *ds)
+    if not prompts:
+        return 0.0
     sizes = [(fig.tokens(base.target, p), params.max_tokens or p.max_tokens) for p in prompts]  # prompt, output
     ctxs = spanned_contexts([n for n, _ in sizes], [n + o for n, o in sizes], k_max)
-    t = fig.probe(base.target, threads, base.ngl)
     starts = [n - 1 for n, _ in sizes] * params.prompt_cache
     ms = 2 * in_situ_ms(t, ctxs, k_max, starts)  # the costs are measured before the prompts and after them
     if not greedy:
         ms += ledger.prompts_ms(fig, base.target, cfg, base.target, prompts) + sum(t.prompt(o, n) for n, o in sizes)
-    for m in models:
-        d = fig.probe(m, threads, dcfg.n_gpu_layers)
+    for m, d in zip(models, ds):
         ms += 2 * in_situ_ms(d, ctxs, k_max, starts) + ledger.prompts_ms(fig, m, dcfg, base.target, prompts,
                                                              stepwise + (not greedy))
         ms += sum(stepwise * o * d.decode(n + o / 2) + (not greedy) * d.prompt(o, n) for n, o in sizes)
-    ledger.load(1 + len(models))
     return ms
 
 
@@ -311,7 +322,7 @@ def fidelity_ms(params: Params, prompts: list, fig: Figures, ledger: Ledger) -> 
     ms = 0.0
     for k, t in enumerate(params.target):
         pr = fig.probe(t, cfg.resolved_threads(), 0)
-        ledger.load(1)
+        ledger.load(pr)
         gens = len(firsts) + 1 if k == 0 else 1  # the reference's teacher outputs, and each one's timed run
         ms += ledger.prompts_ms(fig, t, cfg, ref, firsts, uses=1 + (k == 0), cacheable=False) + \
             sum(pr.prompt(n, start=x) for x in lens) + gens * n * pr.decode(sum(lens) / len(lens) + n / 2)

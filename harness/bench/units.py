@@ -2,7 +2,6 @@
 in a worker of its own, the machine's foreign load sampled while it runs, progress shown per prompt."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -30,10 +29,11 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path |
     """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
     from harness.bench.progress import Progress, timed_watch
     from harness.bench.worker import run_in_worker
+    from harness.sampling import Policy
     for k, (inst, r, prompts) in enumerate(units, 1):
         what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
             f" ({inst.setup})" if inst.setup else "")
-        title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {json.dumps(inst.policy)}"
+        title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {Policy(**inst.policy).label}"
         watch = timed_watch(run_dir, unit_id(inst.id, r), params.paired and not inst.baseline)
         with noise.Sampler(params.busy_threshold, asked_share(inst)) as sampler, \
                 Progress(title, len(prompts) * params.repeat, watch):
@@ -61,7 +61,7 @@ def run_replays(instances: list[Instance], skipped: dict, prompts: list, params:
     todo = [i for i in instances if i.baseline and i.id not in skipped
             and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]
     for k, base in enumerate(todo, 1):
-        title = f"[replay {k}/{len(todo)}] {base.target} {json.dumps(base.policy)}"
+        title = f"[replay {k}/{len(todo)}] {base.target} {Policy(**base.policy).label}"
         drafts = proposers(instances, params, base)
         watch = replay_watch(run_dir, base.id, len(per_prompt(drafts, Policy(**base.policy).greedy)))
         with noise.Sampler(params.busy_threshold, asked_share(base)) as sampler, \
