@@ -9,6 +9,8 @@ import pytest
 from tests.conftest import CATEGORIES, D, POLICIES, T
 from tests.helpers import copy_run, harness, md_table, one_line_error
 
+pytestmark = pytest.mark.slow  # the threads-1 sweep they read is the fast tier's dearest run (77 s, Xeon VM)
+
 
 @pytest.fixture(scope="module")
 def two_runs(timed_run_t1, timed_run):

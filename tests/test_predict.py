@@ -16,17 +16,20 @@ def machine(tmp_path_factory, replay_run, calibrations, timed_run_t1):
     return tmp_path_factory.mktemp("predict"), replay_run, calibrations[0], timed_run_t1
 
 
+@pytest.mark.slow  # the threads-1 sweep and calibrations: 2 min of the fast tier
 def test_calibrate_prints_its_table_and_where_it_saved(calibrations):
     cals, printed = calibrations
     assert "vs k=1" in printed and all(f"saved to {c}" in printed for c in cals)
 
 
+@pytest.mark.slow  # the threads-1 sweep and calibrations: 2 min of the fast tier
 def test_calibrations_carry_their_machine(machine):
     _, _, cals, _ = machine
     c = json.loads(cals[0].read_text())
     assert c["threads"] == 1 and c["machine"]["cpu"] and c["machine"]["host"] and len(c["sha256"]) == 64
 
 
+@pytest.mark.slow  # the threads-1 sweep and calibrations: 2 min of the fast tier
 def test_predicted_verdicts_for_the_calibrated_machine_beside_its_timed_run(machine):
     out, run, cals, timed = machine
     r = harness("predict", str(run), "--costs", str(cals[0]), "--costs", str(cals[1]), "--against", str(timed),
@@ -65,6 +68,7 @@ def _edited(src, dest, change):
     return str(dest)
 
 
+@pytest.mark.slow  # the threads-1 sweep and calibrations: 2 min of the fast tier
 def test_mismatched_inputs_are_refused(machine, tmp_path):
     out, run, cals, timed = machine
     t, d = map(str, cals)
