@@ -94,3 +94,25 @@ def test_a_run_from_before_prompt_digests_is_compared_by_id_and_says_so(two_runs
     r = harness("compare", str(a), str(c), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert "predates prompt digests (schema 1)" in (tmp_path / "out" / "compare.md").read_text()
+
+
+def test_timed_rows_both_runs_measured_are_set_against_each_other(two_runs, tmp_path):
+    a, b = two_runs
+
+    def section(*runs):
+        r = harness("compare", *map(str, runs), "--out", str(tmp_path / "x"))
+        assert r.returncode == 0, r.stderr
+        md = (tmp_path / "x" / "compare.md").read_text()
+        return md.split("## Timed rows measured twice", 1)[1] if "## Timed rows measured twice" in md else None
+
+    assert section(a, b) is None  # 1 thread and 2: no configuration in common
+    again = _copy(b, tmp_path, "again")  # the same traces: every row repeats exactly
+    spec = [i for i in json.loads((b / "plan.json").read_text())["instances"] if i["draft"] != "none"]
+    n, greedy = len(spec) * len(CATEGORIES), sum(i["policy"]["temperature"] == 0 for i in spec) * len(CATEGORIES)
+    text = section(b, again)
+    assert f"again against {b.name}: {n} timed rows in both" in text
+    assert f"within 10% of each other in {n}, greedy {greedy} of {greedy}." in text
+    assert "Read as repeats" not in text  # every row within: no error to solve for
+    shorter = _copy(b, tmp_path, "shorter")
+    _edit_plan(shorter, lambda p: p["params"].update(max_tokens=p["params"]["max_tokens"] // 2))
+    assert section(b, shorter) is None  # other lengths: not the same measurement

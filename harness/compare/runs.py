@@ -23,6 +23,7 @@ class Run:
     plan: dict
     verdicts: pl.DataFrame | None = None  # one row per (target, setup, offload, threads, policy, category)
     source: str = ""  # "replayed" (predicted from every prompt) or "timed"
+    timed: pl.DataFrame | None = None  # its timed speculative rows: (config, category) -> speedup
 
     @property
     def name(self) -> str:
@@ -50,6 +51,10 @@ def load_verdicts(run: Run) -> None:
     else the timed ones."""
     from harness.report.tables import compute
     data = compute(run.path)
+    sweep = data.get("sweep")
+    if sweep is not None:
+        run.timed = sweep.filter((pl.col("draft") != "none") & pl.col("speedup").is_not_null()).select(
+            "config", "category", "policy", "prompts", "speedup")
     replayed = data.get("replay_verdicts")
     if replayed is not None and len(replayed):
         run.verdicts = replayed.with_columns(pl.format("{} g={}", "proposer", "gamma").alias("best"))
@@ -130,6 +135,35 @@ def _cell(rows: list[dict]) -> str:
     return "<br>".join(out) or "not run"
 
 
+def repeats(runs: list[Run]) -> list[str]:
+    """Each later run's timed rows against the first run's, where both timed the same configuration on as many
+    of the same prompts at the same length: how far one machine's timed rows repeat (analysis.repeat)."""
+    from harness.analysis.repeat import TOL, repeatability
+    a, out = runs[0], []
+    for b in runs[1:]:
+        if a.timed is None or b.timed is None or \
+                a.plan["params"].get("max_tokens") != b.plan["params"].get("max_tokens"):
+            continue
+        both = a.timed.join(b.timed, on=["config", "category", "prompts"], suffix="_b")
+        if not len(both):
+            continue
+        ratios = (both["speedup_b"] / both["speedup"]).to_list()
+        r = repeatability(ratios)
+        greedy = repeatability([x for x, p in zip(ratios, both["policy"]) if p == "greedy"])
+        same = a.machine()["cpu"] == b.machine()["cpu"]
+        line = (f"{b.name} against {a.name}: {r['rows']} timed rows in both (the same configuration and prompts); "
+                f"their speedups within {TOL:.0%} of each other in {r['within']}, greedy {greedy['within']} of "
+                f"{greedy['rows']}.")
+        if same and r["row_error"] is not None:
+            line += (f" Read as repeats on one kind of machine, one timed row is off by about "
+                     f"{r['row_error']:.0%} of its speedup, and a prediction with no error of its own would fall "
+                     f"within {TOL:.0%} of a timed row in about {r['ceiling']:.0%} of rows.")
+        elif not same:
+            line += " The CPUs differ, so this is the machines' difference as much as either's noise."
+        out.append(line)
+    return ["## Timed rows measured twice", "", *[f"- {x}" for x in out], ""] if out else []
+
+
 def render(runs: list[Run], f: pl.DataFrame, notes: list[str], plot: str | None) -> str:
     head = [[chr(65 + i), m["run"], m["cpu"], m["cores"], m["ram_gib"], m["backend"], m["llama-cpp-python"],
              m["harness"], m["verdicts"]] for i, m in enumerate(r.machine() for r in runs)]
@@ -151,7 +185,7 @@ def render(runs: list[Run], f: pl.DataFrame, notes: list[str], plot: str | None)
               table(head, ["", "run", "CPU", "cores", "RAM GiB", "backend", "llama-cpp-python", "harness",
                            "verdicts"]), "",
               "The runs used the same model files (sha256), prompts and sampling policies; "
-              "that is checked before anything is put side by side.", ""]
+              "that is checked before anything is put side by side.", "", *repeats(runs)]
     return "\n".join(lines + [f"Note: {n}." for n in notes] + [""])
 
 
