@@ -14,6 +14,20 @@ def real_model(name: str) -> Path:
     return p
 
 
+@pytest.fixture(scope="session", autouse=True)
+def probe_cache(tmp_path_factory):
+    """The suite's own cache of recent probes (bench.estimate): shared by its many short runs, apart from the
+    user's."""
+    import os
+    before = os.environ.get("HARNESS_CACHE")
+    os.environ["HARNESS_CACHE"] = str(tmp_path_factory.mktemp("harness-cache"))
+    yield Path(os.environ["HARNESS_CACHE"])
+    if before is None:
+        del os.environ["HARNESS_CACHE"]
+    else:
+        os.environ["HARNESS_CACHE"] = before
+
+
 @pytest.fixture(scope="session")
 def smol() -> Path:
     return real_model("smollm2-135m-instruct-q4_1")

@@ -178,7 +178,7 @@ def test_a_dry_run_prints_the_plan_and_the_cuts_and_runs_nothing(tmp_path, smol,
     assert "up to gamma 4" in r.stderr and "estimated time: about" in r.stderr
     est = next(ln for ln in lines if ln.startswith("estimated time: about"))
     assert all(f"{part} " in est for part in ("units", "replay", "timed subset", "worker starts and model loads"))
-    assert f"dry run: probed each model for the estimate ({T}: a prompt token " in r.stderr, r.stderr
+    assert f"dry run: each model's probe for the estimate ({T}: a prompt token " in r.stderr, r.stderr
     assert " ms a further token of a block; loaded in " in r.stderr and f" s; {D}: " in r.stderr and not out.exists()
 
 

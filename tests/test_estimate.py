@@ -211,3 +211,37 @@ def test_a_batched_unit_prices_its_batched_calibration():
     p = Probe(5.0, 0.0, 30.0, 0.0, 10.0)
     assert batched_ms(p, 2, 2, target=True) == pytest.approx(1280 + 3 * 170)
     assert batched_ms(p, 2, 2, target=False) == pytest.approx(1280 + 3 * 70)
+
+
+def test_a_recent_probe_is_kept_and_a_stale_or_changed_one_taken_again(tmp_path, monkeypatch):
+    import json
+    import os
+    import types
+
+    import harness.bench.estimate as est
+    import harness.models.catalog as catalog
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setattr(catalog, "resolve", lambda ref: types.SimpleNamespace(path=model))
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    timed = []
+    monkeypatch.setattr(est, "probe", lambda ref, threads, ngl: timed.append((threads, ngl)) or PROBES[(T, 2, 0)])
+    fig = Figures()
+    assert fig.probe(T, 2, 0) == PROBES[(T, 2, 0)] and timed == [(2, 0)] and fig.ages == {}
+    assert "kept" not in fig.source()
+    again = Figures()  # the next run, moments later: the same figures, not timed again, and it says so
+    assert again.probe(T, 2, 0) == PROBES[(T, 2, 0)] and len(timed) == 1
+    assert "(1 of them under a minute ago, kept)" in again.source()
+    Figures().probe(T, 1, 0)  # other threads: another probe
+    assert len(timed) == 2
+    cache = tmp_path / "cache" / "probes.json"
+    old = {k: v | {"at": v["at"] - est.PROBE_TTL_S - 1} for k, v in json.loads(cache.read_text()).items()}
+    cache.write_text(json.dumps(old))  # too old
+    Figures().probe(T, 2, 0)
+    assert len(timed) == 3
+    os.utime(model, ns=(0, 0))  # the model file replaced
+    Figures().probe(T, 2, 0)
+    assert len(timed) == 4
+    cache.write_text("not json")  # a damaged cache is no cache
+    Figures().probe(T, 2, 0)
+    assert len(timed) == 5 and json.loads(cache.read_text())

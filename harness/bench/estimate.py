@@ -8,6 +8,7 @@ The cost functions take their figures (Figures: probes and prompt lengths) and l
 given them, so that a test can pass its own."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,6 +19,10 @@ ALPHA_GUESS = 0.6  # acceptance assumed for the estimate; the sweep measures the
 CHUNK = 256  # tokens a probe evaluates as a prompt, twice: cached positions 0..CHUNK, then CHUNK..2 CHUNK
 BLOCK = 8  # the verify-sized block a probe times (gamma 7): the step from one token to a block is linear
 REPS = 3  # calibrate.in_situ's repetitions of each block
+# A probe this recent, of the same file with the same settings, build and machine, is taken from the cache
+# rather than timed again: a dry run and then the run, or a test suite's many short runs, where probing a small
+# model (7 s on a slow Xeon VM) cost more than the run itself
+PROBE_TTL_S = 600
 # Measured on the 2-core Xeon VM, page cache warm: a spawned worker up to its first model (the interpreter, the
 # worker's imports, llama.cpp's backend) 0.4 s; a model loaded with a 2048-token context 0.3 s (0.5B Q4_K_M and
 # Q4_0, 1.5B F16) to 0.7 s (1.5B Q4_K_M, whose weights are repacked)
@@ -96,6 +101,46 @@ def probe(ref: str, threads: int, ngl: int) -> Probe:
                  extra[-1] / (BLOCK - 1), extra, load_s)
 
 
+def probe_cache() -> Path:
+    """Where recent probes are kept: $HARNESS_CACHE (else ~/.cache/harness)/probes.json."""
+    return Path(os.environ.get("HARNESS_CACHE") or Path.home() / ".cache" / "harness") / "probes.json"
+
+
+def recent_probe(ref: str, threads: int, ngl: int) -> tuple[Probe, float]:
+    """The model's probe and its age in seconds: from the cache where one under PROBE_TTL_S old has the same model
+    file (path, size, mtime), threads, offload, llama-cpp-python and machine; else timed now and cached."""
+    import json
+    import socket
+    from dataclasses import asdict
+    from importlib.metadata import version
+
+    from harness.engine import EngineConfig
+    from harness.models.catalog import resolve
+    from harness.sysinfo import cpu_model
+    path = Path(resolve(ref).path).resolve()
+    st = path.stat()
+    key = "|".join(map(str, (path, st.st_size, st.st_mtime_ns, EngineConfig(threads=threads).resolved_threads(), ngl,
+                             version("llama-cpp-python"), socket.gethostname(), cpu_model())))
+    f, now = probe_cache(), time.time()
+    try:
+        cache = {k: v for k, v in json.loads(f.read_text()).items() if 0 <= now - v["at"] < PROBE_TTL_S}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # none yet, or not one this code wrote
+        cache = {}
+    if key in cache:
+        got = cache[key]["probe"]
+        return Probe(**got | {"block_extra_ms": tuple(got["block_extra_ms"])}), now - cache[key]["at"]
+    p = probe(ref, threads, ngl)
+    cache[key] = {"at": time.time(), "probe": asdict(p)}
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache))
+        tmp.replace(f)
+    except OSError:  # a cache that cannot be written costs only the next run's probe
+        pass
+    return p, 0.0
+
+
 def _ms(work, *args, **kw) -> float:
     t = time.perf_counter()
     work(*args, **kw)
@@ -110,13 +155,24 @@ class Figures:
     def __init__(self, probes: dict | None = None, lengths: dict | None = None):
         self.probes = {} if probes is None else probes
         self.lengths = {} if lengths is None else lengths
+        self.ages: dict = {}  # seconds since each probe was timed, where taken from the cache
         self._vocabs: dict = {}
 
     def probe(self, ref: str, threads: int, ngl: int) -> Probe:
         key = (ref, threads, ngl)
         if key not in self.probes:
-            self.probes[key] = probe(ref, threads, ngl)
+            self.probes[key], age = recent_probe(ref, threads, ngl)
+            if age:
+                self.ages[key] = age
         return self.probes[key]
+
+    def source(self) -> str:
+        """What the estimate starts from, as its line says."""
+        line = "a probe of each model (a prompt evaluated, decodes), timed on the idle machine"
+        if self.ages:
+            m = max(self.ages.values()) / 60
+            line += f" ({len(self.ages)} of them {f'up to {m:.0f} min' if m >= 1 else 'under a minute'} ago, kept)"
+        return line
 
     def tokens(self, target: str, prompt) -> int:
         key = (target, prompt.id)

@@ -145,7 +145,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
     est = remaining_s(todo, instances, skipped, first, params, run_dir, plan, figures) if resume \
         else fitted.estimate_after_s
     calibrated = resume and (run_dir / "calibration").is_dir() and any((run_dir / "calibration").iterdir())
-    click.echo(_estimate_line(est, params, "the calibrations and probes" if calibrated else DECODES), err=True)
+    click.echo(_estimate_line(est, params, "the calibrations and probes" if calibrated else figures.source()), err=True)
     took: dict[str, float] = {}  # this invocation's seconds per part, as the estimate names its parts
 
     def part(name: str, work, *args) -> None:
@@ -279,9 +279,6 @@ def _plan_line(instances: list[Instance], skipped: dict, prompts: list, params: 
     return line
 
 
-DECODES = "a probe of each model (a prompt evaluated, decodes), timed on the idle machine"
-
-
 def _estimate_line(est_s: float, params: Params, source: str) -> str:
     return (f"estimated time: about {est_s / 60:.1f} min (from {source}"
             + ("; more if --until-confident adds prompts" if params.until_confident else "") + ")")
@@ -292,8 +289,8 @@ def _dry_run(instances: list[Instance], skipped: dict, prompts: list, params: Pa
     click.echo(_plan_line(instances, skipped, prompts, params, len(_first_pass(instances, skipped, params))),
                err=True)
     parts = ", ".join(f"{k} {s / 60:.1f} min" for k, s in _new_run_parts(params, skipped, figures).items())
-    click.echo(f"{_estimate_line(fitted.estimate_after_s, params, DECODES)}: {parts}", err=True)
-    click.echo(f"dry run: probed each model for the estimate ({figures.describe()}); nothing else ran, and no run "
+    click.echo(f"{_estimate_line(fitted.estimate_after_s, params, figures.source())}: {parts}", err=True)
+    click.echo(f"dry run: each model's probe for the estimate ({figures.describe()}); nothing else ran, and no run "
                "directory was made", err=True)
 
 
