@@ -59,6 +59,7 @@ def test_a_run_another_process_holds_is_refused(small_run, tmp_path):
     assert r.returncode == 0 and "0 unit(s) to run" in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # two real processes: 9-15 s
 def test_two_resumes_at_once_run_each_unit_once(small_run, tmp_path):
     """The process itself is under test: two real benches resuming the same run at the same moment."""
     run = copy_run(small_run, tmp_path)
@@ -131,7 +132,7 @@ def test_a_run_whose_every_configuration_failed_reports_each_error(tmp_path, smo
 
 # -- 4. SIGTERM and SIGHUP to bench -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
 def test_a_signal_stops_the_worker_and_keeps_what_finished(tmp_path, smol, sig):
     """The process itself is under test: a real console process and a real signal."""
     out = tmp_path / "runs"
@@ -154,6 +155,7 @@ def test_a_signal_stops_the_worker_and_keeps_what_finished(tmp_path, smol, sig):
     assert (out / f"{run.name}.md").exists()
 
 
+@pytest.mark.slow  # 18-32 s; the fast tier interrupts mid-unit in test_replay_bench (replay and timed subset)
 def test_ctrl_c_mid_unit_keeps_the_prompts_it_finished_and_resume_runs_the_rest(tmp_path, smol):
     """A real Ctrl-C while a paired unit is past its first prompt: the prompts finished in both of its traces are
     kept (said as it stops), --resume runs the others, and each prompt's records are in the traces once."""
@@ -217,6 +219,7 @@ def test_run_refuses_a_model_file_that_differs_from_its_verified_sidecar(own_mod
                    "not the file that was verified")
 
 
+@pytest.mark.slow  # a model copied and hashed: 14 s
 def test_resume_refuses_a_model_file_other_than_the_plans(own_models, tmp_path):
     from harness.models.store import mark_verified, sha256_file
     env = {"HARNESS_MODELS_DIR": str(own_models), "HARNESS_CATALOG": str(ROOT / "models.toml")}

@@ -154,6 +154,7 @@ def test_the_replays_passes_are_the_same_through_the_cache(engines, tmp_path):
     assert cache.counts()["restored"] == 6 and cache.counts()["evaluated"] == 2
 
 
+@pytest.mark.slow  # a bench run of its own: 12-23 s
 def test_a_bench_run_with_the_cache(tmp_path, smol, smol_q2k):
     """The speculative unit restores the prompts the baseline unit evaluated (target) and its paired twin's;
     the report shows their latency as not measured; the completed run has no cache left."""
