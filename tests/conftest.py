@@ -16,7 +16,7 @@ def real_model(name: str) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def probe_cache(tmp_path_factory):
-    """The suite's own cache of recent probes (bench.estimate): shared by its many short runs, apart from the
+    """The suite's own cache of recent probes (bench.probe): shared by its many short runs, apart from the
     user's."""
     import os
     before = os.environ.get("HARNESS_CACHE")

@@ -4,8 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from harness.bench.estimate import (CHOOSE_S, MODEL_S, REPORT_S, WORKER_S, Figures, Ledger, Probe, batched_ms,
+from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, batched_ms, batched_step_costs,
                                     remaining_parts, replay_ms, subset_ms, unit_ms)
+from harness.bench.probe import MODEL_S, Figures, Probe
 from harness.plan import Instance, Params
 from harness.prompts import Prompt
 
@@ -59,9 +60,15 @@ def test_costs_grow_with_the_tokens_cached():
 
 
 def test_blocks_cost_what_each_size_was_timed_at_and_loads_what_the_probe_took():
-    """A 3-token block dearer than a 4-token one (as the Xeon VM's Q4_K_M); beyond the sizes timed, the step."""
-    p = Probe(5.0, 0.0, 30.0, 0.02, 10.0, (20.0, 35.0, 30.0), 2.0)
+    """A 3-token block dearer than a 4-token one (as the Xeon VM's Q4_K_M); beyond the sizes timed, the step, or
+    a prompt token's cost where that is less (large batches run at the prompt's rate)."""
+    p = Probe(20.0, 0.0, 30.0, 0.02, 10.0, (20.0, 35.0, 30.0), 2.0)
     assert p.blocks(6, 500) == pytest.approx([40, 60, 75, 70, 80, 90])
+    cheap = replace(p, prompt_ms=5.0, prompt_growth=0.002)  # a prompt token 5 + 0.002 x 500.5 = 6 ms
+    assert cheap.blocks(32, 500)[3:6] == pytest.approx([70, 76.001, 82.002])
+    assert cheap.blocks(32, 500)[-1] == pytest.approx(70 + 28 * 6.001)
+    # a probe that timed no block sizes (from before they were) keeps the straight line through 1 and 8 tokens
+    assert replace(cheap, block_extra_ms=()).blocks(3, 500) == pytest.approx([40, 50, 60])
     ledger = Ledger(cached=False)
     ledger.load(p, PROBES[(D, 2, 0)])
     assert ledger.load_ms == pytest.approx((WORKER_S + 2.0 + MODEL_S) * 1000)
@@ -213,12 +220,25 @@ def test_a_batched_unit_prices_its_batched_calibration():
     assert batched_ms(p, 2, 2, target=False) == pytest.approx(1280 + 3 * 70)
 
 
+def test_requests_decoded_together_share_each_steps_time():
+    """N = 2, gamma 1, by hand: a step's 2 sequences priced as one block of 2 (30 + 10 = 40 ms) plain, a block of
+    4 (60) verifying, the draft's 2 decodes as one block of 2 (10 + 2 = 12); the plain baseline's 4 prompts x 32
+    tokens then cost 40 / 2 = 20 ms a token rather than 30 one sequence at a time. With one prompt per category
+    no two decode together."""
+    c = batched_step_costs(replace(SPEC, parallel=2), 2, 100, figures(prompts(2)))
+    assert list(c.target_ms) == pytest.approx([40, 60]) and c.draft_ms == pytest.approx(12)
+    for ps, saved in ((prompts(2), 4 * 32 * (30 - 20)), (prompts(1), 0)):
+        one, two = (unit_ms(replace(BASE, parallel=n), 0, ps, PARAMS, None, figures(ps), Ledger(cached=False))
+                    for n in (1, 2))
+        assert one - two == pytest.approx(saved)
+
+
 def test_a_recent_probe_is_kept_and_a_stale_or_changed_one_taken_again(tmp_path, monkeypatch):
     import json
     import os
     import types
 
-    import harness.bench.estimate as est
+    import harness.bench.probe as est
     import harness.models.catalog as catalog
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")

@@ -17,7 +17,8 @@ import click
 from harness.analysis.noise import unit_summary
 from harness.bench import noise
 from harness.bench.budget import Fit, fit
-from harness.bench.estimate import Figures, remaining_parts, remaining_s, units_s
+from harness.bench.estimate import remaining_parts, remaining_s, units_s
+from harness.bench.probe import Figures
 from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
 from harness.bench.units import Unit, run_replays, run_units
