@@ -125,6 +125,7 @@ def knobs_run(tmp_path_factory, smol, smol_q2k):
     return run, (out / f"{run.name}.md").read_text()
 
 
+@pytest.mark.slow  # the knobs' sweep of its own, 10 configurations paired: 40-45 s of setup
 def test_memory_is_broken_down_per_buffer_and_follows_the_knobs(knobs_run):
     run, md = knobs_run
     res = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
@@ -152,6 +153,7 @@ def test_memory_is_broken_down_per_buffer_and_follows_the_knobs(knobs_run):
     assert "Devices: no device" in md
 
 
+@pytest.mark.slow  # the knobs' sweep of its own, 10 configurations paired: 40-45 s of setup
 def test_knobs_name_their_rows_and_pair_with_their_own_plain_twins(knobs_run):
     run, md = knobs_run
     plan = json.loads((run / "plan.json").read_text())
