@@ -119,11 +119,11 @@ def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir:
     n_out = [params.max_tokens or p.max_tokens for p in prompts]
     context = _context(inst.target, prompts, params, fig)
     # N requests of a category decode together: a step's N sequences share its time
-    n = min(inst.parallel, max(Counter(p.category for p in prompts).values()))
-    c = unit_costs(inst, run_dir, context, fig) if n == 1 else batched_step_costs(inst, n, context, fig)
-    plain, g = c.target_ms[0] / n, inst.gamma
+    seqs = min(inst.parallel, max(Counter(p.category for p in prompts).values()))
+    c = unit_costs(inst, run_dir, context, fig) if seqs == 1 else batched_step_costs(inst, seqs, context, fig)
+    plain, g = c.target_ms[0] / seqs, inst.gamma
     per_tok = plain if inst.baseline or inst.adaptive else \
-        c.step_ms(g, ALPHA_GUESS) / expected_tokens(ALPHA_GUESS, g) / n
+        c.step_ms(g, ALPHA_GUESS) / expected_tokens(ALPHA_GUESS, g) / seqs
     twin = params.paired and not inst.baseline
     cacheable = inst.parallel == 1  # the worker batches several sequences without the cache
     cfg, dcfg = inst.engine_config(params.n_ctx), inst.draft_engine_config(params.n_ctx)

@@ -77,7 +77,7 @@ def probe(ref: str, threads: int, ngl: int) -> Probe:
             prompt.append(_ms(e.decode, toks[start:start + CHUNK], logits="none") / CHUNK)
         decode.append((2 * CHUNK + 4, decodes()))
         block: dict[int, list[float]] = {k: [] for k in range(2, BLOCK + 1)}
-        for _ in range(3):
+        for _ in range(REPS):
             for k in block:
                 e.trim(2 * CHUNK)
                 block[k].append(_ms(e.decode, toks[:k], logits="all"))

@@ -10,6 +10,7 @@ from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
 from harness.bench import noise
 from harness.plan import Instance, Params
 from harness.rundir import finished, record_noise, unit_id
+from harness.sampling import Policy
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
 
@@ -29,7 +30,6 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path |
     """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
     from harness.bench.progress import Progress, timed_watch
     from harness.bench.worker import run_in_worker
-    from harness.sampling import Policy
     for k, (inst, r, prompts) in enumerate(units, 1):
         what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
             f" ({inst.setup})" if inst.setup else "")
@@ -56,7 +56,6 @@ def run_replays(instances: list[Instance], skipped: dict, prompts: list, params:
     from harness.bench.progress import Progress, replay_watch
     from harness.bench.replay import per_prompt, proposers, run_replay
     from harness.rundir import REPLAY_DIR
-    from harness.sampling import Policy
     done, base_done = finished(run_dir / REPLAY_DIR), finished(run_dir)
     todo = [i for i in instances if i.baseline and i.id not in skipped
             and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]
