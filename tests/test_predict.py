@@ -61,6 +61,27 @@ def test_the_replays_costs_are_swapped_for_the_calibrated_ones():
     assert got[2]["draft_ms_by_context"] == [[0.01, 0.01]]  # a lookup's time is the harness's own
 
 
+def test_a_timed_configurations_own_costs_replace_the_replays():
+    from harness.analysis.predict import with_unit_costs
+    rec = {"type": "costs", "config": "b", "proposer": D, "contexts": [20, 900], "reps": 6, "overhead_ms": 0.3,
+           "target_ms_by_context": [[1, 2], [3, 4]], "target_sd_by_context": [[0.1, 0.1], [0.1, 0.1]],
+           "target_times_by_context": [[[1], [2]], [[3], [4]]], "draft_ms_by_context": [[0.5, 0.7], [0.6, 0.8]],
+           "draft_sd_by_context": [[0.01, 0.01], [0.01, 0.01]]}
+    unit = {"type": "costs", "config": "g1", "contexts": [40], "reps": 3, "target_ms_by_context": [[1.1, 1.9]],
+            "target_sd_by_context": [[0.2, 0.2]], "target_times_by_context": [[[1.1], [1.9]]],
+            "draft_ms_by_context": [[0.4, 0.6]], "draft_sd_by_context": [[0.02, 0.02]]}
+    got = with_unit_costs(rec, unit)
+    assert got == {"type": "costs", "config": "b", "proposer": D, "contexts": [40], "reps": 3, "overhead_ms": 0.3,
+                   "target_ms_by_context": [[1.1, 1.9]], "target_sd_by_context": [[0.2, 0.2]],
+                   "draft_ms_by_context": [[0.4, 0.6]], "draft_sd_by_context": [[0.02, 0.02]]}
+    # a lookup's worker times the target only: its lookup time stays the replay's, with no spread either way
+    lookup = {k: v for k, v in rec.items() if not k.startswith("draft_sd")} | {"proposer": "ngram:2"}
+    bare = {k: v for k, v in unit.items() if not k.startswith("draft")}
+    got = with_unit_costs(lookup, bare)
+    assert got["draft_ms_by_context"] == rec["draft_ms_by_context"] and "draft_sd_by_context" not in got
+    assert got["target_ms_by_context"] == [[1.1, 1.9]] and got["contexts"] == [40]
+
+
 def _edited(src, dest, change):
     c = json.loads(src.read_text())
     change(c)

@@ -172,3 +172,13 @@ def test_a_resume_after_a_kill_in_the_replay_and_in_the_timed_subset(replay, tmp
     for cat in ("code", "chat"):  # proposed, accepted, acceptance, alpha, tokens per call: no time in them
         per = [m.split("## Per category", 1)[1] for m in (md, new)]
         assert md_table(per[1], f"### {cat}") == md_table(per[0], f"### {cat}"), cat
+
+
+def test_the_timed_rows_priced_again_with_their_own_costs(replay):
+    """Each timed configuration's worker measured its decode costs around its generations: the replay's steps
+    priced with those instead of the replay's own, for every row the table holds."""
+    import re
+    run, md = replay
+    n = len(md_table(md, "### Replayed against timed"))
+    m = re.search(r"own decode costs \(measured in its worker [^)]*\): (\d+) of (\d+)\.", md)
+    assert m and int(m.group(2)) == n and 0 <= int(m.group(1)) <= n

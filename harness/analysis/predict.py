@@ -52,6 +52,14 @@ def costs_at(rec: dict, context: float, plain_ms: float | None, overhead_ms_per_
     return costs
 
 
+def with_unit_costs(rec: dict, unit: dict) -> dict:
+    """A replay costs record priced instead with a timed configuration's own decode costs (measured in its worker
+    before and after its generations: calibrate.unit_costs), at its own contexts; the loop's per-row overhead and
+    a lookup's time stay the replay's (the harness's Python, which the worker does not time apart)."""
+    return {k: v for k, v in rec.items() if not k.endswith(("_times_by_context", "_sd_by_context"))} | \
+        {k: v for k, v in unit.items() if k in ("contexts", "reps") or k.endswith(("_ms_by_context", "_sd_by_context"))}
+
+
 def cost_draws(rec: dict, n: int, key: str) -> dict | None:
     """The costs record with each measured median as n draws around it: normal, with the median's standard error
     from its repetitions' spread (sqrt(pi/2) sd / sqrt(reps)), independent per context and k, floored above zero;

@@ -269,6 +269,13 @@ def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None) -> list[str]
     drift = (f" At the plain baselines' pace instead, measured minutes earlier (as the verdicts price it), "
              f"{close('speedup_at_baseline')} of {len(t)}: the difference is the machine's drift between the "
              "two.") if level else ""
+    own = t["speedup_own_costs"].drop_nulls() if "speedup_own_costs" in t.columns else []
+    if len(own):
+        drift += (f" Priced instead with each timed configuration's own decode costs (measured in its worker before "
+                  "and after its generations, minutes after the replay's, with fewer repetitions): "
+                  f"{close('speedup_own_costs')} of {len(own)}. What that changes is the machine's drift between the "
+                  "replay's moment and the timed one, which costs measured at another moment cannot know; what "
+                  "remains is the cost model's error, the costs' own noise and, under sampling, the draw's.")
     return ["### Replayed against timed", "",
             "The replay on the very prompts each timed configuration ran, against that run. Under greedy decoding "
             "the two acceptances are equal up to kernel near-ties: where the timed run left plain decoding (near-"

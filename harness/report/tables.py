@@ -92,11 +92,12 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     out["noise"] = noise_frame(noise_records(run_dir), m["p_gens"], cfg)
     out["verdicts"] = run_verdicts(run_dir, plan, results, cfg, sweep, out["noise"])
     from harness.calibrate import unit_costs
-    out |= cost_model(sweep.filter(pl.col("parallel") == 1), run_dir, unit_costs(records))
+    own_costs = unit_costs(records)
+    out |= cost_model(sweep.filter(pl.col("parallel") == 1), run_dir, own_costs)
     conc = concurrency_frame(sweep, records, p_records, base_configs(cfg))
     if conc is not None:
         out["concurrency"] = conc
-    out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg)
+    out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg, own_costs)
     return out
 
 
@@ -203,9 +204,10 @@ def pool_sizes(plan: dict) -> dict[str, int]:
 
 
 def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataFrame, p_gens: pl.DataFrame,
-                  cfg: pl.DataFrame) -> dict[str, pl.DataFrame]:
+                  cfg: pl.DataFrame, own_costs: dict[str, dict]) -> dict[str, pl.DataFrame]:
     """"replay": predicted figures of every proposer and gamma, beside the timed rows of the same configuration
-    where the sweep ran them; "replay_costs": the decode costs the predictions used. Empty without a replay."""
+    where the sweep ran them; "replay_costs": the decode costs the predictions used. Empty without a replay.
+    own_costs: each timed configuration's decode costs, measured in its worker (calibrate.unit_costs)."""
     from harness.analysis.predict import plain_decode_ms, predictions
     d = run_dir / REPLAY_DIR
     units = ok_units(d) if d.is_dir() else set()
@@ -233,7 +235,7 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
     out = {"replay": pred, "replay_costs": costs.join(cfg.select("config", "target"), on="config", how="left")}
     # the replay again on the very prompts the timed runs used: what their measurements check, like for like
     same = replay_same(records, gens, p_gens, base_of, dict(zip(cfg["config"], cfg["draft"])), plain,
-                       plan.get("params", {}).get("replay_gamma", 8))
+                       plan.get("params", {}).get("replay_gamma", 8), own_costs)
     if same is not None:
         keys = ["base", "timed_config", "category", "proposer", "gamma", "adaptive"]
         out["replay_same"] = same.join(timed, on=keys, how="inner").join(
@@ -243,14 +245,17 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
 
 
 def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, base_of: dict[str, str],
-                draft_of: dict[str, str], plain: dict, gamma_max: int) -> pl.DataFrame | None:
+                draft_of: dict[str, str], plain: dict, gamma_max: int,
+                own_costs: dict[str, dict] | None = None) -> pl.DataFrame | None:
     """The replay's predictions on the prompts each timed configuration ran, one configuration at a time: plain
     decoding priced at the pace of that configuration's own plain twins (paired, alternating with its
     generations: the machine's pace at that moment), else at the baselines' ("speedup_at_baseline": the
     baselines' pace, as the verdicts price it). The replay prices speculative steps against a plain speed it
     takes as measured; a machine whose speed drifts between the baselines and the timed runs, minutes apart,
-    would otherwise count as the replay's error."""
-    from harness.analysis.predict import plain_decode_ms, predictions
+    would otherwise count as the replay's error. "speedup_own_costs": the same steps priced with the timed
+    configuration's own decode costs (own_costs, measured in its worker, minutes after the replay's): what the
+    drift between those two moments leaves of the difference is the cost model's (and, sampled, the draw's)."""
+    from harness.analysis.predict import plain_decode_ms, predictions, with_unit_costs
     is_spec = pl.col("mode") == "speculative"
     out = []
     for (config, cat), g in gens.filter(is_spec).group_by("config", "category", maintain_order=True):
@@ -268,12 +273,20 @@ def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, b
                     k = (r["proposer"], r["gamma"], r["adaptive"], r["policy"])
                     rows[k] = rows.get(k, {"base": base, "config_timed": config, "at_twins": bool(own)} | r) | \
                         {key: r["speedup"], f"{key}_lo": r["speedup_lo"], f"{key}_hi": r["speedup_hi"]}
+        unit = (own_costs or {}).get(config, {})
+        if "target_ms_by_context" in unit:  # not a batched unit's, nor one from before workers kept repetitions
+            swapped = [with_unit_costs(r, unit) if r.get("type") == "costs" else r for r in recs]
+            for r in predictions(swapped, own or plain, len(unit["target_ms_by_context"][0]) - 1):
+                k = (r["proposer"], r["gamma"], r["adaptive"], r["policy"])
+                if r["category"] == cat and k in rows:
+                    rows[k]["speedup_own_costs"] = r["speedup"]
         out += rows.values()
     if not out:
         return None
     keep = ["base", "config_timed", "policy", "category", "proposer", "gamma", "adaptive", "acceptance_rate",
-            "speedup", "speedup_lo", "speedup_hi", "speedup_at_baseline", "at_twins"]
-    return pl.DataFrame(out, infer_schema_length=None).select(keep).rename({"config_timed": "timed_config"})
+            "speedup", "speedup_lo", "speedup_hi", "speedup_at_baseline", "at_twins", "speedup_own_costs"]
+    return pl.DataFrame([{"speedup_own_costs": None} | r for r in out], infer_schema_length=None).select(keep).rename(
+        {"config_timed": "timed_config"})
 
 
 def units_frame(results: dict[str, dict]) -> pl.DataFrame:
