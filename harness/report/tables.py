@@ -253,8 +253,9 @@ def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, b
     baselines' pace, as the verdicts price it). The replay prices speculative steps against a plain speed it
     takes as measured; a machine whose speed drifts between the baselines and the timed runs, minutes apart,
     would otherwise count as the replay's error. "speedup_own_costs": the same steps priced with the timed
-    configuration's own decode costs (own_costs, measured in its worker, minutes after the replay's): what the
-    drift between those two moments leaves of the difference is the cost model's (and, sampled, the draw's)."""
+    configuration's own decode costs (own_costs, measured in its worker, minutes after the replay's): what it
+    changes is the machine's drift between the two moments; what it leaves, the cost model's error (and, sampled,
+    the draw's)."""
     from harness.analysis.predict import plain_decode_ms, predictions, with_unit_costs
     is_spec = pl.col("mode") == "speculative"
     out = []
