@@ -146,13 +146,15 @@ def checks(run_dir: Path, only: str = "all", per_category: int = 0) -> tuple[lis
             c.skip = f"parallel {inst.parallel}: crosscheck sends one request at a time"
             out.append(c)
             continue
-        if parse_ngram(inst.draft) is None:
-            model_file(inst.draft)  # a draft model that is not there: one line now, before any server starts
         c.spec_args, c.plain_args = server_args(howto_for_instance(inst, n_ctx).server)
         k = (inst.target, a["category"])
         if k not in tokens:
             tokens[k] = tokenize(model_file(inst.target), run_prompts(plan, a["category"], per_category),
                                  max_tokens)
+        # a draft model that is not there: one line now, before any server starts; after the target, so that with
+        # both missing the line names the target whichever configuration the run found best
+        if parse_ngram(inst.draft) is None:
+            model_file(inst.draft)
         c.prompts = tokens[k]
         c.key = key(inst, a["category"], c.prompts, c.spec_args)
         out.append(c)
