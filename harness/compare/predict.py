@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.analysis.predict import with_unit_costs
 from harness.errors import HarnessError
 from harness.report.fmt import ci, table
 from harness.rundir import REPLAY_DIR, load_records, ok_units, plan_rounds, read_plan
@@ -96,14 +97,14 @@ def swapped_costs(records: list[dict], cals: dict[str, dict], targets: dict[str,
             raise HarnessError(f"--costs: the calibrations reach k = {len(t['k'])}; the replay needs {k}: calibrate "
                                f"with --k-max {k}")
         # the calibration's own repetition spread, where it recorded one (none from the run's machine)
-        spread = {"reps": t.get("reps"), "target_sd_by_context": _cut(t.get("ms_sd_by_context"), k),
-                  "draft_sd_by_context": _cut(d.get("ms_last_sd_by_context"), k) if d else None}
-        # the run's own repetitions (calibrate.pooled) are of the run's machine: dropped with its medians
-        out.append({x: v for x, v in r.items() if x not in spread and not x.endswith("_times_by_context")}
-                   | {x: v for x, v in spread.items() if v is not None}
-                   | {"contexts": t["contexts"], "target_ms_by_context": [row[:k] for row in t["ms_by_context"]],
-                      "draft_ms_by_context": [row[:k] for row in d["ms_last_by_context"]] if d
-                      else r["draft_ms_by_context"]})
+        unit = {"contexts": t["contexts"], "reps": t.get("reps"),
+                "target_ms_by_context": [row[:k] for row in t["ms_by_context"]],
+                "target_sd_by_context": _cut(t.get("ms_sd_by_context"), k)}
+        if d:
+            unit |= {"draft_ms_by_context": [row[:k] for row in d["ms_last_by_context"]],
+                     "draft_sd_by_context": _cut(d.get("ms_last_sd_by_context"), k)}
+        out.append(with_unit_costs({x: v for x, v in r.items() if x != "reps"},
+                                   {x: v for x, v in unit.items() if v is not None}))
     return out
 
 
