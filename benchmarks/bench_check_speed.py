@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from harness import align
-from harness.engine import llama
+from harness.llamacpp import llama
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.engine import Vocab, llama, load_model
+from harness.llamacpp import Vocab, llama, load_model
 from harness.errors import HarnessError
 from harness.prompts import Prompt
 

@@ -85,7 +85,7 @@ def rss_bytes_now() -> int:
     """This process's resident set size now, with llama.cpp's libraries loaded (its backend initialised)."""
     import psutil
 
-    from harness.engine import llama
+    from harness.llamacpp import llama
     llama()
     return psutil.Process().memory_info().rss
 

@@ -46,7 +46,7 @@ class PromptCache:
                 "unsaved": self.unsaved}
 
     def path(self, engine, tokens: list[int]) -> Path:
-        from harness.engine import llama
+        from harness.llamacpp import llama
         ll = llama()
         st = engine.path.stat()
         what = {"model": [str(engine.path.resolve()), st.st_size, st.st_mtime_ns],
@@ -74,7 +74,7 @@ class PromptCache:
         return False
 
     def _load(self, engine, tokens: list[int], path: Path) -> bool:
-        from harness.engine import llama
+        from harness.llamacpp import llama
         ll = llama()
         try:
             data = bytearray(path.stat().st_size)
@@ -102,7 +102,7 @@ class PromptCache:
     def _save(self, engine, tokens: list[int], path: Path) -> None:
         """Written under a temporary name, then renamed: a concurrent or interrupted writer leaves no half file
         under the real one (and the digest catches one that a crash of the machine left)."""
-        from harness.engine import llama
+        from harness.llamacpp import llama
         ll = llama()
         size = ll.llama_state_seq_get_size(engine.ctx, 0)
         state = (ctypes.c_uint8 * size)()

@@ -27,7 +27,7 @@ def _ver(pkg: str) -> str:
 
 
 def collect() -> dict:
-    from harness.engine import amx_guard, gpu_offload_supported, system_info
+    from harness.llamacpp import amx_guard, gpu_offload_supported, system_info
     sysinfo = system_info()
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -47,7 +47,7 @@ def tiny_set(tmp_path_factory):
 def gpu_build() -> bool:
     """True on a llama-cpp-python built with GPU offload (CUDA, Vulkan, Metal), where the CPU-only refusals
     cannot happen and the report's backend line differs."""
-    from harness.engine import gpu_offload_supported
+    from harness.llamacpp import gpu_offload_supported
     return gpu_offload_supported()
 
 

@@ -114,14 +114,14 @@ def test_a_drafts_prompt_states_are_shared_across_targets_and_policies():
 
 
 def test_prompts_are_counted_in_their_targets_own_tokens_once(smol, monkeypatch):
-    import harness.engine as engine
-    from harness.engine import Vocab, load_model
+    import harness.llamacpp as llamacpp
+    from harness.llamacpp import Vocab, load_model
     t = "smollm2-135m-instruct-q4_1"
     ps = [Prompt("a", "code", messages=(("user", "Write a function that reverses a list."),)),
           Prompt("b", "code", text="def add(a, b):\n    return a + b\n" * 20, chat=False)]
     v = Vocab(load_model(smol, vocab_only=True))
     loads = []
-    monkeypatch.setattr(engine, "load_model", lambda *a, **k: loads.append(a) or load_model(*a, **k))
+    monkeypatch.setattr(llamacpp, "load_model", lambda *a, **k: loads.append(a) or load_model(*a, **k))
     fig = Figures()
     assert [fig.tokens(t, p) for p in ps * 2] == [len(v.tokenize(p.render(v))) for p in ps * 2]
     assert len(loads) == 1  # the target's vocabulary, once

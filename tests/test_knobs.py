@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from harness.engine import EngineConfig, _flash_attn_used, cache_bytes, captured_log, memory_breakdown, on_host
+from harness.engine import EngineConfig, _flash_attn_used, cache_bytes
+
+from harness.llamacpp import captured_log, memory_breakdown, on_host
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, check, expand
 from tests.conftest import PROMPT_FILE
@@ -43,13 +45,13 @@ def test_what_flash_attention_resolved_to_is_read_from_the_log():
 
 
 def test_a_nested_log_capture_keeps_its_lines_to_itself():
-    import harness.engine as eng
+    import harness.llamacpp as lib
     with captured_log() as outer:
-        eng._capture.append("a")
+        lib._capture.append("a")
         with captured_log() as inner:  # the flash-attention probe's context: its buffers are not the engine's
-            eng._capture.append("b")
-        eng._capture.append("c")
-    assert outer == ["a", "c"] and inner == ["b"] and eng._capture is None
+            lib._capture.append("b")
+        lib._capture.append("c")
+    assert outer == ["a", "c"] and inner == ["b"] and lib._capture is None
 
 
 def test_cache_bytes_follow_the_types():

@@ -16,7 +16,8 @@ def kv_bytes(path: Path, n_ctx: int, cache_k: str, cache_v: str) -> int:
     its GGUF metadata through a vocab-only load, which reads no weights. 0 where the metadata has no plain
     figures (per-layer head counts, say): the check then counts the weights alone. From the metadata rather
     than llama_model_n_head & co., which abort the process on a vocab-only model (llama_hparams::n_head)."""
-    from harness.engine import Vocab, cache_bytes, llama, load_model
+    from harness.engine import cache_bytes
+    from harness.llamacpp import Vocab, llama, load_model
     model = load_model(path, vocab_only=True)
     try:
         v = Vocab(model)

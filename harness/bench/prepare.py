@@ -15,7 +15,7 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
     """Refuse what cannot run before anything runs. Returns instance ids to record as skipped, with why."""
     from harness.align import require_aligned
     from harness.bench.memory import check_memory
-    from harness.engine import GPU_BUILD_HINT, gpu_offload_supported
+    from harness.llamacpp import GPU_BUILD_HINT, gpu_offload_supported
     from harness.models.catalog import load_catalog, require_present, resolve
     from harness.pair import parse_ngram
     from harness.proposers import NgramProposer
@@ -49,7 +49,7 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
 
 def check_parallel_fits(instances: list[Instance], prompts: list, max_tokens: int, n_ctx: int) -> None:
     """N sequences share --n-ctx (n_ctx / N positions each): refuse in one line where a prompt would not fit."""
-    from harness.engine import Vocab, load_model
+    from harness.llamacpp import Vocab, load_model
     from harness.models.catalog import resolve
     vocabs = {}
     for i in sorted(instances, key=lambda i: (-i.parallel, -i.gamma)):

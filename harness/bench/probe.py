@@ -168,7 +168,7 @@ class Figures:
         key = (target, prompt.id)
         if key not in self.lengths:
             if target not in self._vocabs:
-                from harness.engine import Vocab, load_model
+                from harness.llamacpp import Vocab, load_model
                 from harness.models.catalog import resolve
                 self._vocabs[target] = Vocab(load_model(resolve(target).path, vocab_only=True))
             v = self._vocabs[target]

@@ -69,7 +69,7 @@ def run_prompts(plan: dict, category: str, per_category: int = 0) -> list:
 
 def tokenize(target_path: Path, prompts: list, max_tokens: int) -> list[tuple[str, list[int], int]]:
     """Each prompt rendered and tokenized as the bench worker does (chat template, special tokens added)."""
-    from harness.engine import Vocab, llama, load_model
+    from harness.llamacpp import Vocab, llama, load_model
     model = load_model(target_path, vocab_only=True)
     try:
         v = Vocab(model)

@@ -24,7 +24,7 @@ def ftype_code(ftype: str) -> int:
 
 
 def derive(m: Model, src: Model) -> str:
-    from harness.engine import llama
+    from harness.llamacpp import llama
     llama_cpp = llama()  # silences llama.cpp's per-tensor log
     if not src.path.exists():
         raise HarnessError(f"derived model '{m.name}' needs its source '{src.name}', which is not present at "

@@ -43,7 +43,7 @@ def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
 def memory_columns(res: dict) -> dict:
     """llama.cpp's buffers of a configuration's worker, both models summed, on the host and on devices: weights,
     KV cache, compute (logits output included); the devices' names; what flash attention resolved to."""
-    from harness.engine import on_host
+    from harness.llamacpp import on_host
     mem = res.get("memory")
     out = {f"{where}_{kind}_bytes": None if mem is None else 0 for where in ("host", "device")
            for kind in ("model", "kv", "compute")}
