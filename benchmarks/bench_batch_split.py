@@ -3,7 +3,9 @@
 
 With a KV buffer per sequence (llama-server's explicit -np, and harness bench --parallel), llama.cpp splits a
 batch into equal shares of its sequences: a batch where one sequence's block is shorter runs as two graphs. With
-one unified buffer (-kvu) it does not, and each token attends over every cell in use instead."""
+one unified buffer (-kvu) it does not, and each token attends over every cell in use instead. With --model set
+to a draft: what its catch-up (two tokens in the sequences whose drafts were all accepted) costs, against one
+token each."""
 from __future__ import annotations
 
 import argparse
@@ -40,7 +42,8 @@ def main() -> None:
     a = ap.parse_args()
     n = a.sequences
     shapes = {"plain, one token each": [1] * n, "one sequence 2 tokens (a draft catching up)": [1] * (n - 1) + [2],
-              "verify, blocks of 4": [4] * n, "one block of 3 (a request near its end)": [4] * (n - 1) + [3]}
+              "verify, blocks of 4": [4] * n, "one block of 3 (a request near its end)": [4] * (n - 1) + [3],
+              "two tokens each": [2] * n, "every other sequence 2 tokens": [2, 1] * (n // 2) + [2] * (n % 2)}
     print(f"{a.model}, {n} sequences of {a.context} cached tokens; median ms of {a.reps} decodes")
     print(f"{'batch':46s} {'per-sequence KV':>16s} {'unified KV':>11s}")
     res = {}

@@ -157,7 +157,8 @@ def pooled(first: dict, second: dict) -> dict:
     moments = {"moments": first.get("moments", 1) + second.get("moments", 1)}
     if "seqs" in first:
         return second | moments | {k: [round((a + b) / 2, 3) for a, b in zip(first[k], second[k])]
-                                   for k in ("plain_ms", "verify_ms", "draft_ms") if first.get(k) and second.get(k)}
+                                   for k in ("plain_ms", "verify_ms", "draft_ms", "draft_catch_up_ms")
+                                   if first.get(k) and second.get(k)}
     out = dict(second) | moments | {"reps": first["reps"] + second["reps"]}
     for role in ("target", "draft"):
         key = f"{role}_times_by_context"

@@ -50,7 +50,9 @@ def test_costs_records_measured_with_sequences_or_as_single_sequence_blocks():
     rec = {"type": "costs", "seqs": [1, 2, 4], "context": 128, "plain_ms": [10, 12, 15], "verify_ms": [20, 30, 50],
            "draft_ms": [3, 4, 6]}
     c = from_record(rec, 500, 3, 4)
-    assert c.seqs == (1, 2, 4) and c.verify(3) == 40 and c.draft(4) == 6
+    assert c.seqs == (1, 2, 4) and c.verify(3) == 40 and c.draft(4) == 6 and c.draft_catch_up_ms == ()
+    c = from_record(rec | {"draft_catch_up_ms": [5, 7, 10]}, 500, 3, 4)
+    assert c.ubatch(4, 2, draft=True) == 10 and c.ubatch(2, 1.5, draft=True) == pytest.approx(5.5)
     # a run from before: one sequence's blocks of k tokens, at two contexts, priced at 1 and N sequences
     old = {"contexts": [128, 1024], "k": 16, "ks": [1, 2, 4, 8, 16], "draft_ks": [1, 4],
            "target_ms_by_context": [[10, 12, 15, 18, 30], [20, 22, 25, 28, 40]],
@@ -69,7 +71,8 @@ def test_batched_costs_are_measured_with_real_sequences(engines):
     rec = batched_costs(target, draft, target.vocab.tokenize("The quick brown fox jumps over the lazy dog."), 3, 2,
                         context=32, reps=1)
     assert rec["seqs"] == [1, 2, 3] and rec["context"] == 32
-    assert all(len(rec[k]) == 3 and all(x > 0 for x in rec[k]) for k in ("plain_ms", "verify_ms", "draft_ms"))
+    assert all(len(rec[k]) == 3 and all(x > 0 for x in rec[k])
+               for k in ("plain_ms", "verify_ms", "draft_ms", "draft_catch_up_ms"))
 
 
 def test_parallel_is_swept_labelled_and_keeps_single_sequence_ids():

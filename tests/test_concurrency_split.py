@@ -51,6 +51,18 @@ def test_a_ubatch_is_priced_linearly_in_tokens_between_plain_and_verify():
         BatchCosts((1,), (5.0,), (9.0,)).ubatch(1, 2)
 
 
+def test_a_draft_measured_at_two_tokens_a_sequence_takes_its_own_shape():
+    # the 0.5B draft at 8 sequences on the slower Xeon VM: two tokens each cost 1.70x one, the target's 1.17x
+    from dataclasses import replace
+    c = replace(C, draft_catch_up_ms=(45.0, 90.0, 120.0, 172.7))
+    assert c.ubatch(8, 1, True) == pytest.approx(101.6) and c.ubatch(8, 2, True) == pytest.approx(172.7)
+    assert c.ubatch(8, 1.5, True) == pytest.approx((101.6 + 172.7) / 2) and c.ubatch(8, 4, True) == pytest.approx(345.4)
+    assert c.ubatch(8, 1.5, True) > C.ubatch(8, 1.5, True)  # borrowing the target's shape priced it lower
+    assert c.ubatch(8, 2) == C.ubatch(8, 2)  # the target's own blocks are unchanged
+    # a unified draft catching up two tokens in half its sequences: one graph, on the draft's line
+    assert batch_ms(c, [2, 1] * 4, unified=True, draft=True) == pytest.approx(c.ubatch(8, 1.5, True))
+
+
 def test_an_uneven_batch_costs_more_with_a_buffer_per_sequence_than_unified():
     even, longer, shorter = [1] * 8, [1] * 7 + [2], [4] * 7 + [3]
     assert batch_ms(C, even) == pytest.approx(182.8)

@@ -212,12 +212,12 @@ def test_several_targets_add_their_fidelity_by_hand():
 
 
 def test_a_batched_unit_prices_its_batched_calibration():
-    """concurrency.calibrate.batched_costs for N = 2, blocks of 2, by hand: 2 sequences of 128 tokens evaluated
-    (2 x 128 x 5), then 3 decodes of 1 x 1, 1 x 2, 2 x 1 and 2 x 2 tokens (30 + 40 + 40 + 60); the draft's of
-    1 x 1 and 2 x 1 only."""
+    """concurrency.calibrate.batched_costs for N = 2, blocks of 3, by hand: 2 sequences of 128 tokens evaluated
+    (2 x 128 x 5), then 3 decodes of 1 x 1, 1 x 3, 2 x 1 and 2 x 3 tokens (30 + 50 + 40 + 80); the draft's of
+    1 x 1, 1 x 2, 2 x 1 and 2 x 2 (its catch-up: 30 + 40 + 40 + 60)."""
     p = Probe(5.0, 0.0, 30.0, 0.0, 10.0)
-    assert batched_ms(p, 2, 2, target=True) == pytest.approx(1280 + 3 * 170)
-    assert batched_ms(p, 2, 2, target=False) == pytest.approx(1280 + 3 * 70)
+    assert batched_ms(p, 2, 3, target=True) == pytest.approx(1280 + 3 * 200)
+    assert batched_ms(p, 2, 3, target=False) == pytest.approx(1280 + 3 * 170)
 
 
 def test_requests_decoded_together_share_each_steps_time():

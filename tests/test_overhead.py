@@ -89,13 +89,13 @@ def test_a_workers_costs_before_and_after_its_generations_are_pooled():
     later = summarized({"type": "costs", "config": "a", "contexts": [100], "k": 1, "reps": 2,
                         "target_times_by_context": [[[14.0, 16.0]]]})
     batched = [{"type": "costs", "config": "b", "seqs": [1, 8], "plain_ms": [10.0, 40.0], "verify_ms": [20.0, 80.0],
-                "draft_ms": [5.0, 20.0]},
+                "draft_ms": [5.0, 20.0], "draft_catch_up_ms": [8.0, 34.0]},
                {"type": "costs", "config": "b", "seqs": [1, 8], "plain_ms": [12.0, 44.0], "verify_ms": [22.0, 90.0],
-                "draft_ms": [5.0, 24.0]}]
+                "draft_ms": [5.0, 24.0], "draft_catch_up_ms": [8.0, 40.0]}]
     replay = {"type": "costs", "config": "c", "proposer": "d", "contexts": [100], "target_ms_by_context": [[1.0]]}
     got = unit_costs([once, {"type": "step"}, later, *batched, replay])
     assert set(got) == {"a", "b"}  # the replay's records are pooled where they are written
     assert got["a"]["reps"] == 4 and got["a"]["target_ms_by_context"] == [[13.0]]
     assert got["b"]["plain_ms"] == [11.0, 42.0] and got["b"]["verify_ms"] == [21.0, 85.0]
-    assert got["b"]["draft_ms"] == [5.0, 22.0]
+    assert got["b"]["draft_ms"] == [5.0, 22.0] and got["b"]["draft_catch_up_ms"] == [8.0, 37.0]
     assert unit_costs([once])["a"] is once

@@ -64,10 +64,10 @@ def in_situ_ms(p: Probe, contexts: tuple[int, ...], k_max: int, starts: list[int
 
 def batched_ms(p: Probe, n: int, block: int, target: bool, context: int = 128) -> float:
     """concurrency.calibrate.batched_costs for one model: n sequences of `context` tokens evaluated, then REPS
-    decodes of m = 1, 2, 4, ... n sequences of one token each and, for the target, of `block` tokens each (a
-    batch of m t tokens priced as one block of as many)."""
+    decodes of m = 1, 2, 4, ... n sequences of one token each and of `block` tokens each for the target, two for
+    the draft (a batch of m t tokens priced as one block of as many)."""
     from harness.concurrency.calibrate import sequence_counts
-    shapes = [m * t for m in sequence_counts(n) for t in ((1, block) if target else (1,))]
+    shapes = [m * t for m in sequence_counts(n) for t in (1, block if target else 2)]
     return n * p.prompt(context) + REPS * sum(p.blocks(x, context)[-1] for x in shapes)
 
 

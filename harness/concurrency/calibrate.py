@@ -39,8 +39,10 @@ def _time(e: Engine, context: int, block: list[int], counts: list[int], reps: in
 
 def batched_costs(target: Engine, draft: Engine | None, text: list[int], n_seq: int, gamma: int,
                   context: int = 128, reps: int = 3) -> dict:
-    """{"type": "costs", "seqs", "context", "plain_ms", "verify_ms", "draft_ms"}: the target decoding m sequences
-    of one token and of gamma + 1 tokens each, the draft m sequences of one token, m = 1, 2, 4, ... n_seq."""
+    """{"type": "costs", "seqs", "context", "plain_ms", "verify_ms", "draft_ms", "draft_catch_up_ms"}: the target
+    decoding m sequences of one token and of gamma + 1 tokens each, the draft m sequences of one token and of two
+    (its catch-up after a step that accepted every draft), m = 1, 2, 4, ... n_seq. The draft's second token costs
+    it relatively more than a verification's tokens cost the target, so its blocks are measured, not borrowed."""
     counts = sequence_counts(n_seq)
     engines = [e for e in (target, draft) if e is not None]
     ctx = max(1, min(context, min(e.n_ctx for e in engines) - gamma - 2))
@@ -53,5 +55,6 @@ def batched_costs(target: Engine, draft: Engine | None, text: list[int], n_seq: 
     if draft is not None:
         _prefill(draft, filler[:ctx], n_seq)
         out["draft_ms"] = _time(draft, ctx, filler[ctx:ctx + 1], counts, reps)
+        out["draft_catch_up_ms"] = _time(draft, ctx, filler[ctx:ctx + 2], counts, reps)
         draft.reset()
     return out

@@ -27,6 +27,7 @@ class BatchCosts:
     verify_ms: tuple[float, ...]   # each sequence a block of gamma + 1 tokens
     draft_ms: tuple[float, ...] = ()  # each sequence one token, its logits row (none for a lookup)
     block: int = 0  # the tokens per sequence verify_ms was measured with (gamma + 1)
+    draft_catch_up_ms: tuple[float, ...] = ()  # the draft, each sequence two tokens (none in older runs)
 
     def _at(self, ys: tuple[float, ...], n: float) -> float:
         if not ys:
@@ -43,13 +44,21 @@ class BatchCosts:
         return self._at(self.draft_ms, n)
 
     def ubatch(self, m: float, t: float, draft: bool = False) -> float:
-        """One graph of m sequences x t tokens each: linear in t from plain (t = 1) to verify (t = block),
-        proportional beyond. The draft was measured at t = 1 only, so its blocks take the target's shape."""
+        """One graph of m sequences x t tokens each: linear in t between the measured shapes (the target: plain at
+        t = 1, verify at t = block; the draft: t = 1 and 2), proportional beyond. A draft measured at t = 1 only
+        (older runs) takes the target's shape."""
+        if draft and self.draft_catch_up_ms:
+            return _line(self.draft(m), self._at(self.draft_catch_up_ms, m), 2, t)
         if self.block < 2:
             raise ValueError("BatchCosts.block (the verification's tokens per sequence) is needed to price blocks")
-        p, v = self.plain(m), self.verify(m)
-        ms = p + (v - p) * (t - 1) / (self.block - 1) if t <= self.block else v * t / self.block
+        p = self.plain(m)
+        ms = _line(p, self.verify(m), self.block, t)
         return (self.draft(m) * ms / p if p else 0.0) if draft else ms
+
+
+def _line(one: float, block: float, size: int, t: float) -> float:
+    """A graph of t tokens a sequence, from its costs at t = 1 and t = size: linear between, proportional beyond."""
+    return one + (block - one) * (t - 1) / (size - 1) if t <= size else block * t / size
 
 
 def split(sizes: list[int], seqs: list[int] | None = None, unified: bool = False,
@@ -118,7 +127,8 @@ def from_record(rec: dict, context: float, gamma: int, parallel: int) -> BatchCo
     sequence: at 1 and at `parallel` sequences), interpolated to `context` cached tokens."""
     if "seqs" in rec:
         return BatchCosts(tuple(rec["seqs"]), tuple(rec["plain_ms"]), tuple(rec["verify_ms"]),
-                          tuple(rec.get("draft_ms") or ()), rec.get("block", gamma + 1))
+                          tuple(rec.get("draft_ms") or ()), rec.get("block", gamma + 1),
+                          tuple(rec.get("draft_catch_up_ms") or ()))
     xs = rec["contexts"]
     w = 0.0 if len(xs) == 1 or context <= xs[0] else 1.0 if context >= xs[-1] else (context - xs[0]) / (xs[-1] - xs[0])
 
