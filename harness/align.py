@@ -9,8 +9,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.llamacpp import Vocab, llama, load_model
 from harness.errors import HarnessError
+from harness.llamacpp import Vocab, llama, load_model
 from harness.prompts import Prompt
 
 ALIGNED = "ALIGNED"

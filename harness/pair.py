@@ -4,9 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.engine import Engine, EngineConfig
-
-from harness.llamacpp import require_offload
 from harness.errors import HarnessError
+from harness.llamacpp import require_offload
 from harness.models.catalog import Model, require_present, resolve
 from harness.promptcache import PromptCache
 from harness.proposers import DraftModelProposer, Drafting, NgramProposer

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.llamacpp import llama
 from harness.rundir import DRIFT_DIR
 
 CACHE_DIR = "prompt-cache"
@@ -46,7 +47,6 @@ class PromptCache:
                 "unsaved": self.unsaved}
 
     def path(self, engine, tokens: list[int]) -> Path:
-        from harness.llamacpp import llama
         ll = llama()
         st = engine.path.stat()
         what = {"model": [str(engine.path.resolve()), st.st_size, st.st_mtime_ns],
@@ -74,7 +74,6 @@ class PromptCache:
         return False
 
     def _load(self, engine, tokens: list[int], path: Path) -> bool:
-        from harness.llamacpp import llama
         ll = llama()
         try:
             data = bytearray(path.stat().st_size)
@@ -102,7 +101,6 @@ class PromptCache:
     def _save(self, engine, tokens: list[int], path: Path) -> None:
         """Written under a temporary name, then renamed: a concurrent or interrupted writer leaves no half file
         under the real one (and the digest catches one that a crash of the machine left)."""
-        from harness.llamacpp import llama
         ll = llama()
         size = ll.llama_state_seq_get_size(engine.ctx, 0)
         state = (ctypes.c_uint8 * size)()

@@ -6,9 +6,8 @@ import json
 import pytest
 
 from harness.engine import EngineConfig, _flash_attn_used, cache_bytes
-
-from harness.llamacpp import captured_log, memory_breakdown, on_host
 from harness.errors import HarnessError
+from harness.llamacpp import captured_log, memory_breakdown, on_host
 from harness.plan import Instance, Params, check, expand
 from tests.conftest import PROMPT_FILE
 from tests.helpers import harness, md_table, one_line_error
