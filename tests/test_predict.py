@@ -42,6 +42,7 @@ def test_predicted_verdicts_for_the_calibrated_machine_beside_its_timed_run(mach
     assert all(v["timed there"] for v in verdicts)
     rows = md_table(md, "## Predicted against timed")
     assert {(x["proposer"], x["gamma"]) for x in rows} == {(D, "2"), ("ngram:2", "2")}  # what was timed there
+    assert all(x["acceptance"].endswith("%") and x["(timed)"].endswith("%") for x in rows)
     assert (out / "pred" / r.stdout.strip().rsplit("/", 1)[1].replace(".md", ".csv")).exists()
 
 
@@ -80,6 +81,26 @@ def test_a_timed_configurations_own_costs_replace_the_replays():
     got = with_unit_costs(lookup, bare)
     assert got["draft_ms_by_context"] == rec["draft_ms_by_context"] and "draft_sd_by_context" not in got
     assert got["target_ms_by_context"] == [[1.1, 1.9]] and got["contexts"] == [40]
+
+
+def test_against_timed_counts_the_greedy_rows_that_took_the_same_steps():
+    import polars as pl
+
+    from harness.compare.predict import render
+    row = {"category": "code", "adaptive": False, "speedup_lo": 0.8, "speedup_hi": 1.2, "timed_speedup_lo": 0.8,
+           "timed_speedup_hi": 1.2}
+    same = pl.DataFrame([row | {"policy": "greedy", "proposer": "ngram:2", "gamma": 1, "acceptance_rate": 0.5,
+                                "timed_acceptance_rate": 0.5, "speedup": 1.0, "timed_speedup": 1.05},
+                         row | {"policy": "greedy", "proposer": D, "gamma": 1, "acceptance_rate": 0.5,
+                                "timed_acceptance_rate": 0.6, "speedup": 1.0, "timed_speedup": 1.3},
+                         row | {"policy": "T=0.7", "proposer": D, "gamma": 1, "acceptance_rate": 0.4,
+                                "timed_acceptance_rate": 0.5, "speedup": 1.0, "timed_speedup": 1.02}])
+    machine = {"host": "h", "cpu": "c", "threads": 1, "ngl": 0, "date": "d", "llama-cpp-python": "0.3.36"}
+    md = render("run", same, pl.DataFrame(), machine, "timed")
+    assert "2 of 3 rows within 10%" in md
+    assert "acceptances agree, 1 of 2 greedy rows, 1 of them within 10%" in md  # the sampled row is a draw
+    got = {(x["proposer"], x["policy"]): (x["acceptance"], x["(timed)"]) for x in md_table(md, "## Predicted against")}
+    assert got[(D, "greedy")] == ("50%", "60%") and got[("ngram:2", "greedy")] == ("50%", "50%")
 
 
 def _edited(src, dest, change):

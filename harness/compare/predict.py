@@ -11,7 +11,7 @@ import polars as pl
 
 from harness.analysis.predict import with_unit_costs
 from harness.errors import HarnessError
-from harness.report.fmt import ci, table
+from harness.report.fmt import ci, f, table
 from harness.rundir import REPLAY_DIR, load_records, ok_units, plan_rounds, read_plan
 
 KEY = ["category", "policy", "proposer", "gamma"]
@@ -165,7 +165,8 @@ def _timed(against: Path, machine: dict) -> tuple[pl.DataFrame, set[str]]:
     return sweep.filter(pl.col("draft") != "none").select(
         "category", "policy", pl.col("draft_label").alias("proposer"), "gamma", "adaptive",
         pl.col("speedup").alias("timed_speedup"), pl.col("speedup_lo").alias("timed_speedup_lo"),
-        pl.col("speedup_hi").alias("timed_speedup_hi"), pl.col("threads").alias("timed_threads")), used
+        pl.col("speedup_hi").alias("timed_speedup_hi"), pl.col("acceptance_rate").alias("timed_acceptance_rate"),
+        pl.col("threads").alias("timed_threads")), used
 
 
 def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine: dict, against: str | None) -> str:
@@ -182,17 +183,25 @@ def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine:
                  + (["timed there"] if against else [])), ""]
     if same is not None:
         both = same.filter(pl.col("timed_speedup").is_not_null() & ~pl.col("adaptive"))
-        rows = [[r["category"], r["policy"], r["proposer"], r["gamma"],
-                 ci(r["speedup"], r["speedup_lo"], r["speedup_hi"], unit="x"),
+        rows = [[r["category"], r["policy"], r["proposer"], r["gamma"], f(r["acceptance_rate"], ".0%"),
+                 f(r["timed_acceptance_rate"], ".0%"), ci(r["speedup"], r["speedup_lo"], r["speedup_hi"], unit="x"),
                  ci(r["timed_speedup"], r["timed_speedup_lo"], r["timed_speedup_hi"], unit="x"),
                  f"{r['speedup'] / r['timed_speedup'] - 1:+.0%}"] for r in both.sort(KEY).iter_rows(named=True)]
         close = sum(abs(r["speedup"] / r["timed_speedup"] - 1) <= 0.10 for r in both.iter_rows(named=True))
         meet = sum(r["speedup_lo"] <= r["timed_speedup_hi"] and r["timed_speedup_lo"] <= r["speedup_hi"]
                    for r in both.iter_rows(named=True) if r["timed_speedup_lo"] is not None)
+        greedy = both.filter(pl.col("policy") == "greedy")
+        same = greedy.filter((pl.col("acceptance_rate") - pl.col("timed_acceptance_rate")).abs() <= 1e-9)
+        near = sum(abs(r["speedup"] / r["timed_speedup"] - 1) <= 0.10 for r in same.iter_rows(named=True))
+        ties = (f" Under greedy decoding the two took the same steps where their acceptances agree, {len(same)} of "
+                f"{len(greedy)} greedy rows, {near} of them within 10%; elsewhere a near-tie between the target's top "
+                "two tokens fell the other way on the other machine's kernels, and the text decoded from there "
+                "differs.") if len(greedy) else ""
         out += [f"## Predicted against timed ({against})", "",
                 "Each configuration the timed run measured, predicted again from the replay of the very prompts it "
-                f"timed: {close} of {len(both)} rows within 10%; the intervals meet in {meet}.", "",
-                table(rows, ["category", "policy", "proposer", "gamma", "predicted", "timed", "error"]), ""]
+                f"timed: {close} of {len(both)} rows within 10%; the intervals meet in {meet}.{ties}", "",
+                table(rows, ["category", "policy", "proposer", "gamma", "acceptance", "(timed)", "predicted", "timed",
+                             "error"]), ""]
     return "\n".join(out)
 
 
