@@ -81,7 +81,7 @@ def calibrate(model_ref: str, threads: int = 0, ngl: int = 0, k_max: int = 16, r
             "contexts": list(CONTEXTS), "k": list(range(1, k_max + 1)), "ms_by_context": by_context,
             "ms_last_by_context": last_by_context, "ms": by_context[0], "reps": reps,
             "ms_sd_by_context": sd, "ms_last_sd_by_context": last_sd,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "sha256": _sha256(m),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "taken": time.time(), "sha256": _sha256(m),
             "machine": header(collect())}  # portable: `harness predict` puts another machine's run beside it
 
 

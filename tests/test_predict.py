@@ -27,6 +27,7 @@ def test_calibrations_carry_their_machine(machine):
     _, _, cals, _ = machine
     c = json.loads(cals[0].read_text())
     assert c["threads"] == 1 and c["machine"]["cpu"] and c["machine"]["host"] and len(c["sha256"]) == 64
+    assert c["taken"] > 1.7e9  # when: `predict --against` says how far from the timed run
 
 
 @pytest.mark.slow  # the threads-1 sweep and calibrations: 2 min of the fast tier
@@ -43,6 +44,7 @@ def test_predicted_verdicts_for_the_calibrated_machine_beside_its_timed_run(mach
     rows = md_table(md, "## Predicted against timed")
     assert {(x["proposer"], x["gamma"]) for x in rows} == {(D, "2"), ("ngram:2", "2")}  # what was timed there
     assert all(x["acceptance"].endswith("%") and x["(timed)"].endswith("%") for x in rows)
+    assert "The calibrations were taken" in md
     assert (out / "pred" / r.stdout.strip().rsplit("/", 1)[1].replace(".md", ".csv")).exists()
 
 
@@ -101,6 +103,19 @@ def test_against_timed_counts_the_greedy_rows_that_took_the_same_steps():
     assert "acceptances agree, 1 of 2 greedy rows, 1 of them within 10%" in md  # the sampled row is a draw
     got = {(x["proposer"], x["policy"]): (x["acceptance"], x["(timed)"]) for x in md_table(md, "## Predicted against")}
     assert got[(D, "greedy")] == ("50%", "60%") and got[("ngram:2", "greedy")] == ("50%", "50%")
+
+
+def test_the_report_says_how_far_from_the_timed_run_the_calibrations_were_taken():
+    from harness.compare.predict import apart, taken_at
+    plan = {"started": 1_000_000.0, "took_s": {"total": 1800.0}}
+    old = {"machine": {"date": "1970-01-12 13:46:40 UTC"}}  # 1,000,000 s: recorded before calibrations kept "taken"
+    assert taken_at(old) == 1_000_000.0 and taken_at({"machine": {"date": "1970-01-12 13:46:40 CET"}}) is None
+    said = " The calibrations were taken"
+    assert apart({"t": old, "d": {"taken": 1_000_900.0}}, plan) == f"{said} while the timed run ran."
+    assert apart({"t": {"taken": 1_001_800.0 + 360}}, plan) == f"{said} up to 6 min after it ended."
+    far = apart({"t": {"taken": 1_000_000.0 - 7200}, "d": {"taken": 1_000_000.0 - 60}}, plan)
+    assert far.startswith(f"{said} up to 2.0 h before it began: a machine's pace can move")
+    assert apart({"t": {"machine": {"date": "?"}}}, plan) == ""  # no moment known: nothing said
 
 
 def _edited(src, dest, change):

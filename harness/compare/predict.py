@@ -144,7 +144,38 @@ def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \
     timed, used = _timed(against, machine)
     # like for like: the replay again on the very prompts the timed run used
     same = frame([r for r in records if r.get("type") == "costs" or r.get("prompt_id") in used])
+    machine = machine | {"apart": apart(cals, read_plan(against))}
     return pred.join(timed, on=KEY + ["adaptive"], how="left"), same.join(timed, on=KEY + ["adaptive"]), machine
+
+
+def taken_at(c: dict) -> float | None:
+    """When a calibration was taken (seconds since the epoch): its own record, else its machine's UTC date."""
+    from datetime import datetime, timezone
+    if "taken" in c:
+        return c["taken"]
+    date = c.get("machine", {}).get("date", "")
+    if not date.endswith(" UTC"):  # a local time of an unknown zone
+        return None
+    return datetime.strptime(date[:-4], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+
+
+def apart(cals: dict[str, dict], plan: dict) -> str:
+    """How far from the timed run the calibrations were taken: a VM's pace moves over hours, and a prediction
+    carries the pace of its calibrations' moment."""
+    start = plan.get("started")
+    times = [taken_at(c) for c in cals.values()]
+    if start is None or None in times:
+        return ""
+    end = start + plan.get("took_s", {}).get("total", 0.0)
+    gaps = [t - end if t > end else t - start if t < start else 0.0 for t in times]
+    far = max(gaps, key=abs)
+    if not far:
+        return " The calibrations were taken while the timed run ran."
+    hours, when = abs(far) / 3600, "after it ended" if far > 0 else "before it began"
+    span = f"{hours:.1f} h" if hours >= 1 else f"{abs(far) / 60:.0f} min"
+    return f" The calibrations were taken up to {span} {when}" + (
+        ": a machine's pace can move in that time, and the prediction carries the pace of their moment."
+        if hours >= 0.5 else ".")
 
 
 def _timed(against: Path, machine: dict) -> tuple[pl.DataFrame, set[str]]:
@@ -199,7 +230,8 @@ def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine:
                 "differs.") if len(greedy) else ""
         out += [f"## Predicted against timed ({against})", "",
                 "Each configuration the timed run measured, predicted again from the replay of the very prompts it "
-                f"timed: {close} of {len(both)} rows within 10%; the intervals meet in {meet}.{ties}", "",
+                f"timed: {close} of {len(both)} rows within 10%; the intervals meet in {meet}.{ties}"
+                f"{machine.get('apart', '')}", "",
                 table(rows, ["category", "policy", "proposer", "gamma", "acceptance", "(timed)", "predicted", "timed",
                              "error"]), ""]
     return "\n".join(out)
