@@ -141,10 +141,11 @@ def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \
     if against is None:
         return pred.with_columns(*[pl.lit(None, pl.Float64).alias(f"timed_speedup{s}") for s in ("", "_lo", "_hi")]), \
             None, machine
-    timed, used = _timed(against, machine)
+    timed_plan = read_plan(against)
+    timed, used = _timed(against, timed_plan, machine)
     # like for like: the replay again on the very prompts the timed run used
     same = frame([r for r in records if r.get("type") == "costs" or r.get("prompt_id") in used])
-    machine = machine | {"apart": apart(cals, read_plan(against))}
+    machine = machine | {"apart": apart(cals, timed_plan)}
     return pred.join(timed, on=KEY + ["adaptive"], how="left"), same.join(timed, on=KEY + ["adaptive"]), machine
 
 
@@ -178,10 +179,9 @@ def apart(cals: dict[str, dict], plan: dict) -> str:
         if hours >= 0.5 else ".")
 
 
-def _timed(against: Path, machine: dict) -> tuple[pl.DataFrame, set[str]]:
+def _timed(against: Path, plan: dict, machine: dict) -> tuple[pl.DataFrame, set[str]]:
     """The timed rows of a run on the calibrated machine, keyed like the predictions; the prompts it timed."""
     from harness.report.tables import compute
-    plan = read_plan(against)
     if plan.get("system", {}).get("host") != machine["host"]:
         raise HarnessError(f"--against {against.name}: run on {plan.get('system', {}).get('host')}, the calibrations "
                            f"on {machine['host']}: time the run on the calibrated machine")
@@ -222,9 +222,9 @@ def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine:
         meet = sum(r["speedup_lo"] <= r["timed_speedup_hi"] and r["timed_speedup_lo"] <= r["speedup_hi"]
                    for r in both.iter_rows(named=True) if r["timed_speedup_lo"] is not None)
         greedy = both.filter(pl.col("policy") == "greedy")
-        same = greedy.filter((pl.col("acceptance_rate") - pl.col("timed_acceptance_rate")).abs() <= 1e-9)
-        near = sum(abs(r["speedup"] / r["timed_speedup"] - 1) <= 0.10 for r in same.iter_rows(named=True))
-        ties = (f" Under greedy decoding the two took the same steps where their acceptances agree, {len(same)} of "
+        alike = greedy.filter((pl.col("acceptance_rate") - pl.col("timed_acceptance_rate")).abs() <= 1e-9)
+        near = sum(abs(r["speedup"] / r["timed_speedup"] - 1) <= 0.10 for r in alike.iter_rows(named=True))
+        ties = (f" Under greedy decoding the two took the same steps where their acceptances agree, {len(alike)} of "
                 f"{len(greedy)} greedy rows, {near} of them within 10%; elsewhere a near-tie between the target's top "
                 "two tokens fell the other way on the other machine's kernels, and the text decoded from there "
                 "differs.") if len(greedy) else ""
