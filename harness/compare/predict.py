@@ -200,6 +200,11 @@ def _timed(against: Path, plan: dict, machine: dict) -> tuple[pl.DataFrame, set[
         pl.col("threads").alias("timed_threads")), used
 
 
+def _within(rows: pl.DataFrame) -> int:
+    """Rows whose predicted speedup lies within 10% of the timed one."""
+    return sum(abs(r["speedup"] / r["timed_speedup"] - 1) <= 0.10 for r in rows.iter_rows(named=True))
+
+
 def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine: dict, against: str | None) -> str:
     from harness.report.replayed import confirmation
     vrows = [[v["category"], v["policy"], f"{v['proposer']} g={v['gamma']}",
@@ -218,12 +223,12 @@ def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine:
                  f(r["timed_acceptance_rate"], ".0%"), ci(r["speedup"], r["speedup_lo"], r["speedup_hi"], unit="x"),
                  ci(r["timed_speedup"], r["timed_speedup_lo"], r["timed_speedup_hi"], unit="x"),
                  f"{r['speedup'] / r['timed_speedup'] - 1:+.0%}"] for r in both.sort(KEY).iter_rows(named=True)]
-        close = sum(abs(r["speedup"] / r["timed_speedup"] - 1) <= 0.10 for r in both.iter_rows(named=True))
+        close = _within(both)
         meet = sum(r["speedup_lo"] <= r["timed_speedup_hi"] and r["timed_speedup_lo"] <= r["speedup_hi"]
                    for r in both.iter_rows(named=True) if r["timed_speedup_lo"] is not None)
         greedy = both.filter(pl.col("policy") == "greedy")
         alike = greedy.filter((pl.col("acceptance_rate") - pl.col("timed_acceptance_rate")).abs() <= 1e-9)
-        near = sum(abs(r["speedup"] / r["timed_speedup"] - 1) <= 0.10 for r in alike.iter_rows(named=True))
+        near = _within(alike)
         ties = (f" Under greedy decoding the two took the same steps where their acceptances agree, {len(alike)} of "
                 f"{len(greedy)} greedy rows, {near} of them within 10%; elsewhere a near-tie between the target's top "
                 "two tokens fell the other way on the other machine's kernels, and the text decoded from there "
