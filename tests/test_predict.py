@@ -89,8 +89,8 @@ def test_against_timed_counts_the_greedy_rows_that_took_the_same_steps():
     import polars as pl
 
     from harness.compare.predict import render
-    row = {"category": "code", "adaptive": False, "speedup_lo": 0.8, "speedup_hi": 1.2, "timed_speedup_lo": 0.8,
-           "timed_speedup_hi": 1.2}
+    row = {"target": T, "category": "code", "adaptive": False, "speedup_lo": 0.8, "speedup_hi": 1.2,
+           "timed_speedup_lo": 0.8, "timed_speedup_hi": 1.2}
     same = pl.DataFrame([row | {"policy": "greedy", "proposer": "ngram:2", "gamma": 1, "acceptance_rate": 0.5,
                                 "timed_acceptance_rate": 0.5, "speedup": 1.0, "timed_speedup": 1.05},
                          row | {"policy": "greedy", "proposer": D, "gamma": 1, "acceptance_rate": 0.5,
@@ -103,6 +103,29 @@ def test_against_timed_counts_the_greedy_rows_that_took_the_same_steps():
     assert "acceptances agree, 1 of 2 greedy rows, 1 of them within 10%" in md  # the sampled row is a draw
     got = {(x["proposer"], x["policy"]): (x["acceptance"], x["(timed)"]) for x in md_table(md, "## Predicted against")}
     assert got[(D, "greedy")] == ("50%", "60%") and got[("ngram:2", "greedy")] == ("50%", "50%")
+
+
+def test_a_replay_of_two_targets_meets_the_timed_rows_of_its_own_target():
+    """`make bench` replays a Q4 and an F16 target through the same draft: a run timed on one of them is set
+    beside that target's predictions only, and each target's verdicts stand under its name."""
+    import polars as pl
+
+    from harness.compare.predict import beside, render
+    key = {"category": "code", "policy": "greedy", "proposer": D, "gamma": 1, "adaptive": False}
+    pred = pl.DataFrame([key | {"target": t, "speedup": s, "speedup_lo": s - 0.1, "speedup_hi": s + 0.1,
+                                "acceptance_rate": 0.5} for t, s in ((T, 0.8), ("f16", 1.3))])
+    timed = pl.DataFrame([key | {"target": T, "timed_speedup": 0.82, "timed_speedup_lo": 0.7, "timed_speedup_hi": 0.9,
+                                 "timed_acceptance_rate": 0.5}])
+    same = beside(pred, timed, "inner")
+    assert same["target"].to_list() == [T] and same["speedup"].to_list() == [0.8]
+    assert beside(pred, timed, "left").filter(pl.col("target") == "f16")["timed_speedup"].to_list() == [None]
+    verdicts = pl.DataFrame([{"target": t, "category": "code", "policy": "greedy", "proposer": D, "gamma": 1,
+                              "speedup": 1.0, "lo": 0.9, "hi": 1.1, "adjusted": False, "verdict": "inconclusive",
+                              "prompts": 10} for t in (T, "f16")])
+    machine = {"host": "h", "cpu": "c", "threads": 1, "ngl": 0, "date": "d", "llama-cpp-python": "0.3.36"}
+    md = render("run", same, verdicts, machine, None)
+    assert f"Target `{T}`:" in md and "Target `f16`:" in md  # each target's verdicts under its name
+    assert "1 of 1 rows within 10%" in md
 
 
 def test_the_report_says_how_far_from_the_timed_run_the_calibrations_were_taken():

@@ -14,7 +14,7 @@ from harness.errors import HarnessError
 from harness.report.fmt import ci, f, table
 from harness.rundir import REPLAY_DIR, load_records, ok_units, plan_rounds, read_plan
 
-KEY = ["category", "policy", "proposer", "gamma"]
+KEY = ["target", "category", "policy", "proposer", "gamma"]
 
 
 def load_calibrations(paths: list[str]) -> tuple[dict[str, dict], dict]:
@@ -146,7 +146,13 @@ def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \
     # like for like: the replay again on the very prompts the timed run used
     same = frame([r for r in records if r.get("type") == "costs" or r.get("prompt_id") in used])
     machine = machine | {"apart": apart(cals, timed_plan)}
-    return pred.join(timed, on=KEY + ["adaptive"], how="left"), same.join(timed, on=KEY + ["adaptive"]), machine
+    return beside(pred, timed, "left"), beside(same, timed, "inner"), machine
+
+
+def beside(pred: pl.DataFrame, timed: pl.DataFrame, how: str) -> pl.DataFrame:
+    """The timed rows beside the predictions of the same target and configuration: a replay of several targets
+    predicts each, and a timed run may have timed any of them."""
+    return pred.join(timed, on=KEY + ["adaptive"], how=how)
 
 
 def taken_at(c: dict) -> float | None:
@@ -194,7 +200,7 @@ def _timed(against: Path, plan: dict, machine: dict) -> tuple[pl.DataFrame, set[
                            f"calibrations at {machine['threads']}: time and calibrate alike")
     used = {i for r in plan_rounds(plan) for i in r}
     return sweep.filter(pl.col("draft") != "none").select(
-        "category", "policy", pl.col("draft_label").alias("proposer"), "gamma", "adaptive",
+        "target", "category", "policy", pl.col("draft_label").alias("proposer"), "gamma", "adaptive",
         pl.col("speedup").alias("timed_speedup"), pl.col("speedup_lo").alias("timed_speedup_lo"),
         pl.col("speedup_hi").alias("timed_speedup_hi"), pl.col("acceptance_rate").alias("timed_acceptance_rate"),
         pl.col("threads").alias("timed_threads")), used
@@ -206,23 +212,29 @@ def _within(rows: pl.DataFrame) -> int:
 
 
 def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine: dict, against: str | None) -> str:
-    from harness.report.replayed import confirmation
-    vrows = [[v["category"], v["policy"], f"{v['proposer']} g={v['gamma']}",
-              ci(v["speedup"], v["lo"], v["hi"], unit="x") + ("*" if v["adjusted"] else ""), v["verdict"],
-              v["prompts"]] + ([confirmation(v)] if against else []) for v in verdicts.iter_rows(named=True)]
+    from harness.report.replayed import confirmation, per_target
+
+    def verdict_table(v: pl.DataFrame) -> list[str]:
+        rows = [[x["category"], x["policy"], f"{x['proposer']} g={x['gamma']}",
+                 ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"],
+                 x["prompts"]] + ([confirmation(x)] if against else []) for x in v.iter_rows(named=True)]
+        return [table(rows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts"]
+                      + (["timed there"] if against else [])), ""]
+
+    def against_table(b: pl.DataFrame) -> list[str]:
+        rows = [[r["category"], r["policy"], r["proposer"], r["gamma"], f(r["acceptance_rate"], ".0%"),
+                 f(r["timed_acceptance_rate"], ".0%"), ci(r["speedup"], r["speedup_lo"], r["speedup_hi"], unit="x"),
+                 ci(r["timed_speedup"], r["timed_speedup_lo"], r["timed_speedup_hi"], unit="x"),
+                 f"{r['speedup'] / r['timed_speedup'] - 1:+.0%}"] for r in b.sort(KEY).iter_rows(named=True)]
+        return [table(rows, ["category", "policy", "proposer", "gamma", "acceptance", "(timed)", "predicted", "timed",
+                             "error"]), ""]
     out = [f"# Predicted for {machine['host']} ({machine['cpu']}, {machine['threads']} threads, ngl {machine['ngl']})",
            "", f"Acceptance replayed in {run} (every prompt; the models, prompts and policies of that run), decode "
            f"costs calibrated on this machine by `harness calibrate` ({machine['date']}, llama-cpp-python "
            f"{machine['llama-cpp-python']}); the loop's own per-step overhead is the run's. Verdicts as in a report "
-           "(95%, widened for the best of all proposers and gammas).", "",
-           table(vrows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts"]
-                 + (["timed there"] if against else [])), ""]
+           "(95%, widened for the best of all proposers and gammas).", "", *per_target(verdicts, verdict_table)]
     if same is not None:
         both = same.filter(pl.col("timed_speedup").is_not_null() & ~pl.col("adaptive"))
-        rows = [[r["category"], r["policy"], r["proposer"], r["gamma"], f(r["acceptance_rate"], ".0%"),
-                 f(r["timed_acceptance_rate"], ".0%"), ci(r["speedup"], r["speedup_lo"], r["speedup_hi"], unit="x"),
-                 ci(r["timed_speedup"], r["timed_speedup_lo"], r["timed_speedup_hi"], unit="x"),
-                 f"{r['speedup'] / r['timed_speedup'] - 1:+.0%}"] for r in both.sort(KEY).iter_rows(named=True)]
         close = _within(both)
         meet = sum(r["speedup_lo"] <= r["timed_speedup_hi"] and r["timed_speedup_lo"] <= r["speedup_hi"]
                    for r in both.iter_rows(named=True) if r["timed_speedup_lo"] is not None)
@@ -236,9 +248,7 @@ def render(run: str, same: pl.DataFrame | None, verdicts: pl.DataFrame, machine:
         out += [f"## Predicted against timed ({against})", "",
                 "Each configuration the timed run measured, predicted again from the replay of the very prompts it "
                 f"timed: {close} of {len(both)} rows within 10%; the intervals meet in {meet}.{ties}"
-                f"{machine.get('apart', '')}", "",
-                table(rows, ["category", "policy", "proposer", "gamma", "acceptance", "(timed)", "predicted", "timed",
-                             "error"]), ""]
+                f"{machine.get('apart', '')}", "", *per_target(both, against_table)]
     return "\n".join(out)
 
 
