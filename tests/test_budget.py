@@ -106,6 +106,10 @@ def test_progress_line_and_clock():
     # resumed at 40: the 10 prompts this worker ran took the 100 s
     assert line("u", 50, 60, 100, done_at_start=40) == "u: 50/60 prompts, 1:40 elapsed, about 1:40 left"
     assert line("u", 60, 60, 100) == "u: 60/60 prompts, 1:40 elapsed"
+    # weighed by each prompt's estimated time: the two done were a tenth of the work
+    assert line("u", 2, 4, 10, weights=[1, 1, 8, 10]) == "u: 2/4 prompts, 0:10 elapsed, about 1:30 left"
+    assert line("u", 3, 4, 20, done_at_start=2, weights=[1, 1, 8, 10]) == \
+        "u: 3/4 prompts, 0:20 elapsed, about 0:25 left"
     # on a terminal the label gives way, the figures stay
     assert line("[1/2] " + "x" * 100, 20, 60, 100, width=60) == \
         "[1/2] xxxxx...: 20/60 prompts, 1:40 elapsed, about 3:20 left"  # 60 characters

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, batched_ms, batched_step_costs,
+from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, Weights, batched_ms, batched_step_costs,
                                     remaining_parts, replay_ms, subset_ms, unit_ms)
 from harness.bench.probe import MODEL_S, Figures, Probe
 from harness.plan import Instance, Params
@@ -99,6 +99,25 @@ def test_with_the_prompt_cache_each_model_evaluates_each_prompt_once_a_run():
     assert cached == pytest.approx({"units": (BASE_MS + SPEC_MS - 2000 - FILLED_MS) / 1000, "drift check": 1.92,
                                     "worker starts and model loads": 3 * WORKER_S + 4 * MODEL_S,
                                     "reports": REPORT_S})
+
+
+def test_progress_weighs_each_prompt_by_its_estimated_time_in_the_runs_order():
+    """A sweep's long prompts come last: the first unit to meet one evaluates it, the next restores it."""
+    ps = prompts(1)
+    fig = figures(ps)
+    fig.lengths[(T, ps[1].id)] = 1000
+    w = Weights(replace(PARAMS, prompt_cache=True), fig)
+    # the baseline: 32 plain decodes of 30 ms and the prompt at 5 ms a token, 100 and 1000 tokens
+    assert w.unit(BASE, ps) == pytest.approx([960 + 500, 960 + 5000])
+    # then gamma 1: the target's prompts restored, the draft's evaluated (2 ms a token); 32 tokens at 31.25 ms
+    # and the twin's 30 (see SPEC_MS)
+    assert w.unit(SPEC, ps) == pytest.approx([1960 + 200, 1960 + 2000])
+    # the greedy replay through the draft: its prompts restored, 32 decodes of 10 ms each; ngram proposers free
+    assert w.replay(BASE, ps, [D, "ngram:3"]) == pytest.approx([320, 320])
+    # summed they are the generations of unit_ms, which adds the decode costs measured before and after
+    fresh = Weights(PARAMS, fig)
+    assert sum(fresh.unit(SPEC, ps)) == pytest.approx(
+        unit_ms(SPEC, 1, ps, PARAMS, None, fig, Ledger(cached=False)))
 
 
 def test_a_drafts_prompt_states_are_shared_across_targets_and_policies():

@@ -104,19 +104,16 @@ def _draft_model(inst: Instance) -> str | None:
     return None if inst.baseline or parse_ngram(inst.draft) is not None else inst.draft
 
 
-def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path | None, fig: Figures,
-            ledger: Ledger) -> float:
-    """One timed unit (bench.worker.run_instance), its load in the ledger: per prompt and repeat, the prompt
-    through the target (and its paired plain twin) and the draft model, the generation at the cost model's
-    speed at ALPHA_GUESS (plain for a baseline or adaptive gamma) and the twin's plain one; in round 0 a
-    speculative unit measures its decode costs (worker.measure_costs) before its generations and after them."""
-    from harness.calibrate import spanned_contexts
+def generations_ms(inst: Instance, prompts: list, params: Params, run_dir: Path | None, fig: Figures,
+                   ledger: Ledger) -> list[float]:
+    """A timed unit's generations in the worker's order (each repeat, each prompt; bench.worker), each its
+    prompt's evaluations, through the target (and its paired plain twin) and the draft model, and its tokens at
+    the cost model's speed at ALPHA_GUESS (plain for a baseline or adaptive gamma) and the twin's plain one.
+    Summed, part of unit_ms; each alone, its prompt's weight on the unit's progress line."""
     from harness.costmodel import expected_tokens
     if not prompts:
-        return 0.0
+        return []
     draft = _draft_model(inst)
-    n_in = [fig.tokens(inst.target, p) for p in prompts]
-    n_out = [params.max_tokens or p.max_tokens for p in prompts]
     context = _context(inst.target, prompts, params, fig)
     # N requests of a category decode together: a step's N sequences share its time
     seqs = min(inst.parallel, max(Counter(p.category for p in prompts).values()))
@@ -127,17 +124,37 @@ def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir:
     twin = params.paired and not inst.baseline
     cacheable = inst.parallel == 1  # the worker batches several sequences without the cache
     cfg, dcfg = inst.engine_config(params.n_ctx), inst.draft_engine_config(params.n_ctx)
-    threads = cfg.resolved_threads()
-    ms = sum(n_out) * params.repeat * (per_tok + twin * plain)
-    ms += ledger.prompts_ms(fig, inst.target, cfg, inst.target, prompts, params.repeat * (1 + twin), cacheable)
-    if draft:
-        ms += ledger.prompts_ms(fig, draft, dcfg, inst.target, prompts, params.repeat, cacheable)
+    out = []
+    for _ in range(params.repeat):
+        for p in prompts:
+            ms = (params.max_tokens or p.max_tokens) * (per_tok + twin * plain)
+            ms += ledger.prompts_ms(fig, inst.target, cfg, inst.target, [p], 1 + twin, cacheable)
+            if draft:
+                ms += ledger.prompts_ms(fig, draft, dcfg, inst.target, [p], 1, cacheable)
+            out.append(ms)
+    return out
+
+
+def unit_ms(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path | None, fig: Figures,
+            ledger: Ledger) -> float:
+    """One timed unit (bench.worker.run_instance), its load in the ledger: its generations (generations_ms); in
+    round 0 a speculative unit measures its decode costs (worker.measure_costs) before its generations and after
+    them."""
+    from harness.calibrate import spanned_contexts
+    if not prompts:
+        return 0.0
+    draft = _draft_model(inst)
+    ms = sum(generations_ms(inst, prompts, params, run_dir, fig, ledger))
+    threads = inst.engine_config(params.n_ctx).resolved_threads()
     if not inst.baseline and round_ == 0:  # before the generations and after them
-        ctxs = spanned_contexts(n_in, [a + b for a, b in zip(n_in, n_out)], g + 1)
+        n_in = [fig.tokens(inst.target, p) for p in prompts]
+        n_out = [params.max_tokens or p.max_tokens for p in prompts]
+        ctxs = spanned_contexts(n_in, [a + b for a, b in zip(n_in, n_out)], inst.gamma + 1)
         for model, ngl, target in ((inst.target, inst.ngl, True), (draft, inst.ngl_draft, False))[:1 + bool(draft)]:
             pr = fig.probe(model, threads, ngl)
-            ms += 2 * (batched_ms(pr, inst.parallel, g + 1, target) if inst.parallel > 1 else
-                       in_situ_ms(pr, ctxs, g + 1, [n - 1 for n in n_in] * (params.prompt_cache and cacheable)))
+            ms += 2 * (batched_ms(pr, inst.parallel, inst.gamma + 1, target) if inst.parallel > 1 else
+                       in_situ_ms(pr, ctxs, inst.gamma + 1,
+                                  [n - 1 for n in n_in] * (params.prompt_cache and inst.parallel == 1)))
     ledger.load(*(fig.probe(m, threads, n) for m, n in ((inst.target, inst.ngl), (draft, inst.ngl_draft)) if m))
     return ms
 
@@ -158,33 +175,48 @@ def units_s(units: list[tuple[Instance, int, list]], params: Params, run_dir: Pa
 
 def replay_ms(base: Instance, prompts: list, models: list[str], params: Params, fig: Figures,
               ledger: Ledger) -> float:
-    """One baseline's replay (bench.replay.replay_unit), its load in the ledger: per prompt, the target's
-    batched pass along the output (sampling only) and each draft model's (greedy, or llama.cpp's rule swept:
-    a token at a time; sampling: batched, besides); then each model's decode costs where the prompts' rows
-    decode (calibrate.spanned_contexts, k = 1..replay_gamma + 1)."""
+    """One baseline's replay (bench.replay.replay_unit), its load in the ledger: its prompts (replay_prompts_ms),
+    then each model's decode costs where the prompts' rows decode (calibrate.spanned_contexts, k = 1..replay_gamma
+    + 1), before the prompts and after them."""
     from harness.calibrate import spanned_contexts
-    from harness.sampling import Policy
-    greedy = Policy(**base.policy).greedy
-    stepwise = greedy or "exact" in params.verify
     cfg = base.engine_config(params.n_ctx)
-    dcfg = replace(cfg, n_gpu_layers=params.ngl_draft[0], cache_k=params.cache_type_k_draft[0],
-                   cache_v=params.cache_type_v_draft[0])  # as replay_unit opens every draft model
     threads, k_max = cfg.resolved_threads(), params.replay_gamma + 1
-    t, ds = fig.probe(base.target, threads, base.ngl), [fig.probe(m, threads, dcfg.n_gpu_layers) for m in models]
+    t = fig.probe(base.target, threads, base.ngl)
+    ds = [fig.probe(m, threads, params.ngl_draft[0]) for m in models]
     ledger.load(t, *ds)
     if not prompts:
         return 0.0
     sizes = [(fig.tokens(base.target, p), params.max_tokens or p.max_tokens) for p in prompts]  # prompt, output
     ctxs = spanned_contexts([n for n, _ in sizes], [n + o for n, o in sizes], k_max)
     starts = [n - 1 for n, _ in sizes] * params.prompt_cache
-    ms = 2 * in_situ_ms(t, ctxs, k_max, starts)  # the costs are measured before the prompts and after them
-    if not greedy:
-        ms += ledger.prompts_ms(fig, base.target, cfg, base.target, prompts) + sum(t.prompt(o, n) for n, o in sizes)
-    for m, d in zip(models, ds):
-        ms += 2 * in_situ_ms(d, ctxs, k_max, starts) + ledger.prompts_ms(fig, m, dcfg, base.target, prompts,
-                                                             stepwise + (not greedy))
-        ms += sum(stepwise * o * d.decode(n + o / 2) + (not greedy) * d.prompt(o, n) for n, o in sizes)
-    return ms
+    return 2 * sum(in_situ_ms(m, ctxs, k_max, starts) for m in [t] + ds) + \
+        sum(replay_prompts_ms(base, prompts, models, params, fig, ledger))
+
+
+def replay_prompts_ms(base: Instance, prompts: list, models: list[str], params: Params, fig: Figures,
+                      ledger: Ledger) -> list[float]:
+    """A replay's prompts in order, each: the target's batched pass along the output (sampling only) and each
+    draft model's (greedy, or llama.cpp's rule swept: a token at a time; sampling: batched, besides). Each
+    alone, its prompt's weight on the replay's progress line."""
+    from harness.sampling import Policy
+    greedy = Policy(**base.policy).greedy
+    stepwise = greedy or "exact" in params.verify
+    cfg = base.engine_config(params.n_ctx)
+    dcfg = replace(cfg, n_gpu_layers=params.ngl_draft[0], cache_k=params.cache_type_k_draft[0],
+                   cache_v=params.cache_type_v_draft[0])  # as replay_unit opens every draft model
+    threads = cfg.resolved_threads()
+    t, ds = fig.probe(base.target, threads, base.ngl), [fig.probe(m, threads, dcfg.n_gpu_layers) for m in models]
+    out = []
+    for p in prompts:
+        n, o = fig.tokens(base.target, p), params.max_tokens or p.max_tokens
+        ms = 0.0
+        if not greedy:
+            ms += ledger.prompts_ms(fig, base.target, cfg, base.target, [p]) + t.prompt(o, n)
+        for m, d in zip(models, ds):
+            ms += ledger.prompts_ms(fig, m, dcfg, base.target, [p], stepwise + (not greedy))
+            ms += stepwise * o * d.decode(n + o / 2) + (not greedy) * d.prompt(o, n)
+        out.append(ms)
+    return out
 
 
 def subset_ms(instances: list[Instance], prompts: list, params: Params, run_dir: Path | None, fig: Figures,
@@ -266,3 +298,20 @@ def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Inst
 def remaining_s(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict, prompts: list,
                 params: Params, run_dir: Path | None, plan: dict, fig: Figures) -> float:
     return sum(remaining_parts(todo, instances, skipped, prompts, params, run_dir, plan, fig).values())
+
+
+class Weights:
+    """Each prompt's estimated time in the units and replays of a run, for their progress lines: the estimate's
+    own terms, its ledger kept across them in the run's order (a prompt evaluated in one unit is restored in the
+    next). A resumed run's prompts count as not yet cached, as in remaining_parts."""
+
+    def __init__(self, params: Params, fig: Figures):
+        self.params, self.fig, self.ledger = params, fig, Ledger(params.prompt_cache)
+
+    def unit(self, inst: Instance, prompts: list) -> list[float]:
+        return generations_ms(inst, prompts, self.params, None, self.fig, self.ledger)
+
+    def replay(self, base: Instance, prompts: list, proposers: list[str]) -> list[float]:
+        from harness.pair import parse_ngram
+        return replay_prompts_ms(base, prompts, [m for m in proposers if parse_ngram(m) is None], self.params,
+                                 self.fig, self.ledger)

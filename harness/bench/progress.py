@@ -23,14 +23,18 @@ def clock(s: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def line(label: str, done: int, total: int, elapsed_s: float, done_at_start: int = 0, width: int = 0) -> str:
+def line(label: str, done: int, total: int, elapsed_s: float, done_at_start: int = 0, width: int = 0,
+         weights: list[float] | None = None) -> str:
     """'label: 23/60 prompts, 4:12 elapsed, about 6:50 left', the time left at the pace of the prompts this
     worker finished (a resumed unit's kept prompts are done but took none of its time); unsaid before the first.
+    weights: each prompt's estimated time, in the order they run, so that the pace of short prompts does not
+    promise the long ones' time (a sweep's long-context prompts come last, and take most of its first unit).
     width: the label shortened to fit (a line that wraps cannot be rewritten in place)."""
     out = f": {done}/{total} prompts, {clock(elapsed_s)} elapsed"
-    ran = done - done_at_start
+    w = weights or [1.0] * total
+    ran = sum(w[done_at_start:done])
     if ran > 0 and done < total:
-        out += f", about {clock(elapsed_s / ran * (total - done))} left"
+        out += f", about {clock(elapsed_s / ran * sum(w[done:]))} left"
     if width and len(label) + len(out) > width:
         label = label[:max(0, width - len(out) - 3)] + "..."
     return label + out
@@ -61,8 +65,8 @@ def replay_watch(run_dir: Path, unit: str, per_prompt: int) -> Watch:
 class Progress:
     """While the block runs, a thread shows line() for the unit; on an interruption, how far it got."""
 
-    def __init__(self, label: str, total: int, watch: Watch, stream=None):
-        self.label, self.total, self.watch = label, total, watch
+    def __init__(self, label: str, total: int, watch: Watch, stream=None, weights: list[float] | None = None):
+        self.label, self.total, self.watch, self.weights = label, total, watch, weights
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self._stop = threading.Event()
@@ -70,7 +74,7 @@ class Progress:
     def _show(self) -> None:
         width = shutil.get_terminal_size().columns - 1 if self.tty else 0
         text = line(self.label, min(count(self.watch), self.total), self.total, time.monotonic() - self.t0,
-                    self.at_start, width)
+                    self.at_start, width, self.weights)
         self.stream.write(f"\r\x1b[K{text}" if self.tty else text + "\n")
         self.stream.flush()
 

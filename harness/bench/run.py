@@ -17,7 +17,7 @@ import click
 from harness.analysis.noise import unit_summary
 from harness.bench import noise
 from harness.bench.budget import Fit, fit
-from harness.bench.estimate import remaining_parts, remaining_s, units_s
+from harness.bench.estimate import Weights, remaining_parts, remaining_s, units_s
 from harness.bench.probe import Figures
 from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
@@ -148,6 +148,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
     calibrated = resume and (run_dir / "calibration").is_dir() and any((run_dir / "calibration").iterdir())
     click.echo(_estimate_line(est, params, "the calibrations and probes" if calibrated else figures.source()), err=True)
     took: dict[str, float] = {}  # this invocation's seconds per part, as the estimate names its parts
+    weights = Weights(params, figures)
 
     def part(name: str, work, *args) -> None:
         t0 = time.monotonic()
@@ -156,15 +157,15 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         finally:
             took[name] = took.get(name, 0.0) + time.monotonic() - t0
     try:
-        part("units", run_units, todo, params, run_dir)
+        part("units", run_units, todo, params, run_dir, weights)
         if params.replay:
-            part("replay", run_replays, instances, skipped, first, params, run_dir)
+            part("replay", run_replays, instances, skipped, first, params, run_dir, weights)
         if params.timed_subset and "timed" not in plan:
-            part("timed subset", _timed_subset, instances, skipped, first, params, run_dir, plan, by_id)
+            part("timed subset", _timed_subset, instances, skipped, first, params, run_dir, plan, by_id, weights)
         if params.until_confident:
-            part("rounds", _until_confident, instances, skipped, pool, rounds, params, run_dir, plan, figures)
+            part("rounds", _until_confident, instances, skipped, pool, rounds, params, run_dir, plan, figures, weights)
         if not params.timed_subset:  # the timed subset is paired; its baselines ran on every prompt
-            part("drift check", _closing_baselines, instances, skipped, first, params, run_dir)
+            part("drift check", _closing_baselines, instances, skipped, first, params, run_dir, weights)
         part("fidelity", _target_fidelity, params, first, run_dir)
     except KeyboardInterrupt as e:
         from harness.procs import Terminated
@@ -186,7 +187,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
 
 
 def _timed_subset(instances: list[Instance], skipped: dict, first: list, params: Params, run_dir: Path, plan: dict,
-                  by_id: dict) -> None:
+                  by_id: dict, weights: Weights) -> None:
     """The configurations the replay's predictions chose (bench.subset), timed on each category's first prompts."""
     from harness.bench.subset import choose
     plan["timed"], plan["timed_in_sample"] = choose(run_dir, [i for i in instances if i.id not in skipped], first,
@@ -194,7 +195,7 @@ def _timed_subset(instances: list[Instance], skipped: dict, first: list, params:
     write_plan(run_dir, plan)
     click.echo(f"timed subset from the replay: {len(plan['timed'])} configuration(s)", err=True)
     run_units([(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]],
-              params, run_dir)
+              params, run_dir, weights)
 
 
 def _record_took(run_dir: Path, plan: dict, took: dict[str, float], started: float) -> None:
@@ -301,7 +302,7 @@ def spent_s(run_dir: Path) -> float:
 
 
 def _until_confident(instances: list[Instance], skipped: dict, pool: list, rounds: list[list[str]], params: Params,
-                     run_dir: Path, plan: dict, figures: Figures) -> None:
+                     run_dir: Path, plan: dict, figures: Figures, weights: Weights) -> None:
     """Rounds of one more prompt per category whose verdict is open, until all settle, the budget is spent, or
     those categories have no prompts left; the plan records each round before it runs and the outcome after."""
     from harness.report.tables import compute
@@ -336,14 +337,15 @@ def _until_confident(instances: list[Instance], skipped: dict, pool: list, round
         plan |= {"rounds": rounds, "until_confident": {"budget_min": params.budget_min, "stopped": None,
                                                         "exhausted": sorted(exhausted), "history": history}}
         write_plan(run_dir, plan)
-        run_units(units, params, run_dir)
+        run_units(units, params, run_dir, weights)
     plan |= {"rounds": rounds, "until_confident": {"budget_min": params.budget_min, "stopped": stopped,
                                                     "exhausted": sorted(exhausted), "history": history}}
     write_plan(run_dir, plan)
     click.echo(f"--until-confident: {stopped} after {len(rounds)} round(s)", err=True)
 
 
-def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path) -> None:
+def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path,
+                       weights: Weights) -> None:
     """The plain baselines once more, after everything else, on the first round's prompts: how far the machine's
     speed drifted while the sweep ran. Kept apart in run_dir/drift."""
     base = [i for i in instances if i.baseline and i.id not in skipped]
@@ -359,7 +361,7 @@ def _closing_baselines(instances: list[Instance], skipped: dict, prompts: list, 
     todo = [(i, 0, prompts) for i in base if done.get(i.id, {}).get("status") != "ok"]
     if todo:
         click.echo("drift check: the plain baselines again", err=True)
-        run_units(todo, params, d, noise_to=run_dir)
+        run_units(todo, params, d, weights, noise_to=run_dir)
 
 
 def command_line(argv: list[str]) -> str:

@@ -8,6 +8,7 @@ import click
 
 from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
 from harness.bench import noise
+from harness.bench.estimate import Weights
 from harness.plan import Instance, Params
 from harness.rundir import finished, record_noise, unit_id
 from harness.sampling import Policy
@@ -26,7 +27,7 @@ def asked_share(inst: Instance) -> float | None:
     return min(1.0, EngineConfig(threads=inst.threads).resolved_threads() / (psutil.cpu_count() or 1))
 
 
-def run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path | None = None) -> None:
+def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights, noise_to: Path | None = None) -> None:
     """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
     from harness.bench.progress import Progress, timed_watch
     from harness.bench.worker import run_in_worker
@@ -36,7 +37,7 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path |
         title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {Policy(**inst.policy).label}"
         watch = timed_watch(run_dir, unit_id(inst.id, r), params.paired and not inst.baseline)
         with noise.Sampler(params.busy_threshold, asked_share(inst)) as sampler, \
-                Progress(title, len(prompts) * params.repeat, watch):
+                Progress(title, len(prompts) * params.repeat, watch, weights=weights.unit(inst, prompts)):
             res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch)
         rec = sampler.summary()
         label = f"drift/{inst.id}" if noise_to else unit_id(inst.id, r)  # the drift check feeds no verdict
@@ -50,7 +51,8 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, noise_to: Path |
         click.echo(f"{title}: {status}{busy}", err=True)
 
 
-def run_replays(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path) -> None:
+def run_replays(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path,
+                weights: Weights) -> None:
     """Each finished plain baseline's outputs replayed through every model draft (and the n-gram proposers),
     watched for noise like any unit: the replay measures the decode costs its predictions use."""
     from harness.bench.progress import Progress, replay_watch
@@ -64,7 +66,7 @@ def run_replays(instances: list[Instance], skipped: dict, prompts: list, params:
         drafts = proposers(instances, params, base)
         watch = replay_watch(run_dir, base.id, len(per_prompt(drafts, Policy(**base.policy).greedy)))
         with noise.Sampler(params.busy_threshold, asked_share(base)) as sampler, \
-                Progress(title, len(prompts), watch):
+                Progress(title, len(prompts), watch, weights=weights.replay(base, prompts, drafts)):
             res = run_replay(base, 0, prompts, drafts, params.replay_gamma, params, run_dir,
                              on_start=sampler.meter.watch)
         rec = sampler.summary()
