@@ -130,7 +130,8 @@ def test_a_replay_of_two_targets_meets_the_timed_rows_of_its_own_target():
 
 def test_the_report_says_how_far_from_the_timed_run_the_calibrations_were_taken():
     from harness.compare.predict import apart, taken_at
-    plan = {"started": 1_000_000.0, "took_s": {"total": 1800.0}}
+    plan = {"started": 1_000_000.0, "took_s": {"total": 1800.0},
+            "instances": [{"target": "t", "draft": "none"}, {"target": "t", "draft": "d"}]}
     old = {"machine": {"date": "1970-01-12 13:46:40 UTC"}}  # 1,000,000 s: recorded before calibrations kept "taken"
     assert taken_at(old) == 1_000_000.0 and taken_at({"machine": {"date": "1970-01-12 13:46:40 CET"}}) is None
     said = " The calibrations were taken"
@@ -139,6 +140,9 @@ def test_the_report_says_how_far_from_the_timed_run_the_calibrations_were_taken(
     far = apart({"t": {"taken": 1_000_000.0 - 7200}, "d": {"taken": 1_000_000.0 - 60}}, plan)
     assert far.startswith(f"{said} up to 2.0 h before it began: a machine's pace can move")
     assert apart({"t": {"machine": {"date": "?"}}}, plan) == ""  # no moment known: nothing said
+    # a model the timed run did not use (make bench's F16 target, say) is not counted
+    assert apart({"t": {"taken": 1_001_800.0 + 360}, "f16": {"taken": 1_000_000.0 - 7200}}, plan) == \
+        f"{said} up to 6 min after it ended."
 
 
 def _edited(src, dest, change):

@@ -167,11 +167,12 @@ def taken_at(c: dict) -> float | None:
 
 
 def apart(cals: dict[str, dict], plan: dict) -> str:
-    """How far from the timed run the calibrations were taken: a VM's pace moves over hours, and a prediction
-    carries the pace of its calibrations' moment."""
+    """How far from the timed run the calibrations of the models it timed were taken: a VM's pace moves over
+    hours, and a prediction carries the pace of its calibrations' moment."""
     start = plan.get("started")
-    times = [taken_at(c) for c in cals.values()]
-    if start is None or None in times:
+    timed = {m for i in plan.get("instances", []) for m in (i["target"], i["draft"])}
+    times = [taken_at(c) for m, c in cals.items() if m in timed]
+    if start is None or not times or None in times:
         return ""
     end = start + plan.get("took_s", {}).get("total", 0.0)
     gaps = [t - end if t > end else t - start if t < start else 0.0 for t in times]
