@@ -181,3 +181,26 @@ def test_a_configuration_that_never_proposed_is_plain_decoding_and_no_evidence_e
     assert verdicts(sweep, noise)["verdict"].to_list() == [PLAIN]
     only = sweep.filter(pl.col("config") != "g1-x")  # nothing else: still a line, not a lost group: plain
     assert verdicts(only, noise)["verdict"].to_list() == [NO_GAIN]  # against plain, 1.00x [0.97, 1.03]: no gain
+
+
+def test_one_prompt_rows_widened_by_the_pace_cover_the_known_speedup():
+    """A pace that moves between a generation and its twin (lognormal, 8%) is invisible to a one-prompt row's
+    bootstrap over steps: its interval covers the known speedup far less than 95% of the time; widened by the
+    pace's spread (intervals.widened), about 95%. Every draft accepted, so that only the times vary."""
+    from harness.analysis.intervals import widened
+    pace, steps = 0.08, T // (GAMMA + 1)
+    truth = (T / (steps * (DRAFT_MS * GAMMA + VERIFY_MS))) / (1 / PLAIN_MS)  # the jitter's mean is ~1 on both
+    rng = np.random.default_rng(7)
+    hits = {"bootstrap": 0, "widened": 0}
+    trials = 300
+    for i in range(trials):
+        ms = (DRAFT_MS * GAMMA + VERIFY_MS) * rng.lognormal(0, 0.05, steps)
+        spec = step_matrix([GAMMA + 1] * steps, ms, [GAMMA] * steps, [GAMMA] * steps, [GAMMA] * steps,
+                           [GAMMA] * steps, float(ms.sum()), spec=True)
+        pms = PLAIN_MS * rng.lognormal(0, 0.05, T) * np.exp(rng.normal(0, pace))
+        g = Generation(spec, step_matrix(np.ones(T), pms, None, None, None, None, float(pms.sum()), spec=False))
+        iv = row_intervals(Row([[g]]), f"pace/{i}", reps=400)
+        for name, v in (("bootstrap", iv), ("widened", widened(iv, pace))):
+            hits[name] += v["speedup_lo"] <= truth <= v["speedup_hi"]
+    assert hits["bootstrap"] / trials < 0.6
+    assert 0.92 <= hits["widened"] / trials <= 0.98

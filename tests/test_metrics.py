@@ -1,5 +1,7 @@
+import math
 import statistics
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -66,3 +68,35 @@ def test_calibration_is_interpolated_linearly_between_contexts_and_held_beyond(t
     assert c.draft_curve == pytest.approx((3.0, 4.0, 4.5)) and c.overhead_ms_per_row == 0.5
     assert costs_at(tmp_path, "t", "missing", 2, 0, 0, 576) is None
     assert costs_at(tmp_path, "t", None, 2, 0, 0, 576).draft_ms == 0.0  # an n-gram proposer: no model
+
+
+def test_timing_floor_sets_the_plain_steps_of_speculative_generations_beside_their_twins():
+    def step(prompt, mode, proposed, ms, repeat=0):
+        return {"config": "g1", "category": "code", "prompt_id": prompt, "repeat": repeat, "mode": mode,
+                "proposed": proposed, "verify_ms": ms}
+    spec = [step("a", "speculative", 0, 40.0)] * 4 + [step("a", "speculative", 2, 90.0)] \
+        + [step("b", "speculative", 0, 40.0)] * 3  # too few plain steps to time: left out
+    twins = [step("a", "baseline", 0, 44.0)] * 5 + [step("b", "baseline", 0, 40.0)] * 5 \
+        + [step("a", "baseline", 0, 10.0, repeat=1)] * 5  # another repeat's twin: not this generation's
+    fl = metrics.timing_floor(pl.DataFrame(spec), pl.DataFrame(twins))
+    assert fl.select("prompt_id", "plain_steps").rows() == [("a", 4)]
+    assert fl["ratio"].to_list() == [pytest.approx(1.1)]
+    assert metrics.timing_floor(pl.DataFrame(spec), pl.DataFrame()).is_empty()
+
+
+def test_pace_spread_recovers_the_pace_beyond_the_decodes_own_scatter():
+    """Per generation, the twin's 16 decodes and the speculative generation's 8 plain ones, each scattered by
+    10% around the generation's pace, the twin's pace moved by 6% (log scale): the spread is told apart."""
+    rng = np.random.default_rng(3)
+    spec, twins = [], []
+    def steps(p, mode, n, pace):
+        return [{"config": "g1", "category": "c", "prompt_id": f"p{p}", "repeat": 0, "mode": mode, "proposed": 0,
+                 "verify_ms": 40.0 * pace * x} for x in rng.lognormal(0, 0.10, n)]
+    for p in range(200):
+        spec += steps(p, "speculative", 8, 1.0)
+        twins += steps(p, "baseline", 16, math.exp(rng.normal(0, 0.06)))
+    fl = metrics.timing_floor(pl.DataFrame(spec), pl.DataFrame(twins))
+    raw = float((fl["ratio"].log() ** 2).mean() ** 0.5)
+    assert metrics.pace_spread(fl) == pytest.approx(0.06, abs=0.01)
+    assert raw > metrics.pace_spread(fl) + 0.01  # the scatter of 8 and 16 decodes adds about 4% to the 6%
+    assert metrics.pace_spread(fl.head(0)) == 0.0

@@ -1,6 +1,7 @@
 """The replay end to end on SmolLM2: the baselines' outputs teacher-forced through the drafts, predictions for
 every gamma with intervals, and the timed rows of the same configurations beside them."""
 import json
+import statistics
 
 import pytest
 
@@ -88,6 +89,27 @@ def test_llamacpps_rule_replayed_against_the_timed_acceptance(replay):
     for r in rows:
         replayed, timed_acc = int(r["acceptance (replayed)"].split("%")[0]), int(r["(timed)"].rstrip("%"))
         assert abs(replayed - timed_acc) <= 10
+
+
+def test_the_timing_floor_sets_plain_steps_beside_their_twins_from_the_raw_traces(replay):
+    """Two timings of the same work: the n-gram rows' steps that found nothing to propose, against the plain twins'
+    decodes of the same prompt, recomputed here from the trace files alone."""
+    run, md = replay
+    spec, twin = {}, {}
+    for f in trace_files(run):
+        for r in read_records(f):
+            if r["type"] != "step":
+                continue
+            key = (r["config"], r["prompt_id"], r["repeat"])
+            if f.parent == run / "traces" and r["mode"] == "speculative" and r["proposed"] == 0:
+                spec.setdefault(key, []).append(r["verify_ms"])
+            elif f.parent == run / "paired" / "traces":
+                twin.setdefault(key, []).append(r["verify_ms"])
+    ratios = [statistics.mean(twin[k]) / statistics.mean(v) for k, v in spec.items() if len(v) >= 4 and k in twin]
+    assert ratios
+    within = sum(abs(x - 1) <= 0.10 for x in ratios)
+    sentence = f"ran within 10% of each other in {within} of {len(ratios)} generations"
+    assert md.count(sentence) == 2  # under the cost model's agreement and under the replay's
 
 
 def test_a_run_without_replay_says_so_once(timed_run, replay):

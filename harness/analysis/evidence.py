@@ -2,10 +2,12 @@
 generation's steps beside its plain twin's, and the intervals of every row."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import polars as pl
 
-from harness.analysis.intervals import Generation, Row, row_intervals, step_matrix
+from harness.analysis.intervals import Generation, Row, row_intervals, step_matrix, widened
 from harness.analysis.metrics import REACHED
 
 GEN_KEYS = ["config", "category", "prompt_id", "repeat"]
@@ -38,11 +40,16 @@ def row_evidence(spec: dict[tuple, np.ndarray], twins: dict[tuple, np.ndarray]) 
     return {k: Row(list(by_prompt.values())) for k, by_prompt in rows.items()}
 
 
-def intervals_frame(rows: dict[tuple, Row]) -> pl.DataFrame:
-    """One line per (config, category): prompts, and each figure's _lo, _hi and _se (seeded by the row's key)."""
+def intervals_frame(rows: dict[tuple, Row], pace: float = 0.0) -> pl.DataFrame:
+    """One line per (config, category): prompts, and each figure's _lo, _hi and _se (seeded by the row's key).
+    pace: the spread of the machine's pace between a generation and its twin (metrics.pace_spread), added to the
+    speedup's where the row has one prompt: bootstrapping its steps cannot see it, while across prompts it is in
+    how their pairs differ."""
     out = []
     for (config, category), row in rows.items():
         iv = row_intervals(row, f"{config}/{category}")
+        if iv["prompts"] == 1:
+            iv = widened(iv, pace / math.sqrt(len(row.prompts[0])))
         out.append({"config": config, "category": category, "prompts": iv["prompts"]}
                    | {f"{f}_{s}": iv[f"{f}_{s}"] for f in INTERVAL_FIGURES for s in ("lo", "hi", "se")})
     schema = {"config": pl.String, "category": pl.String, "prompts": pl.Int64} | {

@@ -150,6 +150,16 @@ def row_intervals(row: Row, key: str, reps: int = REPLICATES, level: float = LEV
     return out
 
 
+def widened(iv: dict, sd: float) -> dict:
+    """A row's intervals with a further spread of the log speedup (the decode costs', the machine's pace) added
+    to the bootstrap's, in quadrature."""
+    if iv["speedup_se"] is None or not sd:
+        return iv
+    se = math.hypot(iv["speedup_se"], sd)
+    lo, hi = interval(iv["speedup"], se, iv["prompts"], log=True)
+    return iv | {"speedup_se": se, "speedup_lo": lo, "speedup_hi": hi}
+
+
 def quantile(n: int, level: float) -> float:
     """t with n - 1 degrees of freedom for n >= 2 prompts; the normal quantile for one."""
     p = 1 - (1 - level) / 2

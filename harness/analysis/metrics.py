@@ -14,6 +14,8 @@ count as accepted_raw).
 """
 from __future__ import annotations
 
+import math
+
 import polars as pl
 
 from harness.divergence import first_divergence
@@ -139,3 +141,32 @@ def summary(records: list[dict]) -> dict:
         tp = throughput(gens.with_columns(pl.lit(1).alias("_")), ["_"]).row(0, named=True)
         out.update({k: tp[k] for k in ("tokens", "gen_ms", "tokens_per_s", "latency_ms")})
     return out
+
+
+def timing_floor(steps: pl.DataFrame, p_steps: pl.DataFrame, min_plain: int = 4) -> pl.DataFrame:
+    """Two timings of the same work, seconds apart: per speculative generation with a plain twin (same
+    configuration, prompt and repeat) and at least min_plain steps that proposed nothing (a lookup that found no
+    match), the target's one-token decodes in those steps against the twin's, as "ratio" = the twin's mean over
+    theirs. How far it strays from 1 is the floor under any check of a timed speedup against a prediction: the
+    machine's pace moving between the two generations moves the measured speedup as much."""
+    keys = ["config", "category", "prompt_id", "repeat"]
+    if not len(steps) or not len(p_steps) or not set(keys) <= set(steps.columns) & set(p_steps.columns):
+        return pl.DataFrame()
+    def rel_var(name: str) -> pl.Expr:  # the relative variance of the mean of these decodes: their own scatter
+        return (pl.col("verify_ms").var() / pl.col("verify_ms").mean() ** 2 / pl.len()).alias(f"{name}_rv")
+    spec = steps.filter((pl.col("mode") == "speculative") & (pl.col("proposed") == 0)).group_by(keys).agg(
+        pl.col("verify_ms").mean().alias("spec_ms"), pl.len().alias("plain_steps"), rel_var("spec"))
+    twin = p_steps.filter(pl.col("mode") == "baseline").group_by(keys).agg(
+        pl.col("verify_ms").mean().alias("twin_ms"), rel_var("twin"))
+    return spec.filter(pl.col("plain_steps") >= min_plain).join(twin, on=keys).with_columns(
+        (pl.col("twin_ms") / pl.col("spec_ms")).alias("ratio")).sort(keys)
+
+
+def pace_spread(floor: pl.DataFrame) -> float:
+    """The spread (log scale) of the machine's pace between a speculative generation and its plain twin, beyond
+    what the scatter of their decodes explains: sqrt(mean(log(ratio)^2) - mean of both means' relative
+    variances) over timing_floor's generations; 0 where the scatter explains it all, or nothing was measured."""
+    if not len(floor):
+        return 0.0
+    v = (floor["ratio"].log() ** 2).mean() - (floor["spec_rv"] + floor["twin_rv"]).mean()
+    return math.sqrt(max(v, 0.0))

@@ -12,7 +12,7 @@ from statistics import NormalDist
 import numpy as np
 import polars as pl
 
-from harness.analysis.intervals import REPLICATES, Generation, Row, interval, row_intervals, step_matrix
+from harness.analysis.intervals import REPLICATES, Generation, Row, row_intervals, step_matrix, widened
 from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, replay_step, step_ms
 from harness.costmodel import Costs
 
@@ -87,15 +87,6 @@ def cost_sd(kinds: Counter, decodes: float, draws: Costs) -> float:
     spec = sum(w * step_ms(s, draws, b) for (s, b), w in kinds.items())
     x = np.atleast_1d(np.log(decodes * step_ms(PLAIN, draws) / spec))
     return float(x.std(ddof=1)) if x.size > 1 else 0.0
-
-
-def widened(iv: dict, sd: float) -> dict:
-    """A row's intervals with the costs' spread of the log speedup added to the bootstrap's, in quadrature."""
-    if iv["speedup_se"] is None or not sd:
-        return iv
-    se = math.hypot(iv["speedup_se"], sd)
-    lo, hi = interval(iv["speedup"], se, iv["prompts"], log=True)
-    return iv | {"speedup_se": se, "speedup_lo": lo, "speedup_hi": hi}
 
 
 def _plain(n: int, eos: bool, costs: Costs) -> np.ndarray:

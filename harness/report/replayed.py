@@ -10,6 +10,7 @@ import polars as pl
 from harness.analysis.verdict import INCONCLUSIVE, MIN_GAIN, NO_GAIN, PLAIN, SPECULATE, Evidence, decide
 from harness.report.verdicts import speculated
 from harness.report.fmt import beside, ci, f, table
+from harness.report.sections import timing_floor
 
 GROUP = ["target", "ngl", "threads", "setup", "policy", "category"]
 SHOWN_GAMMAS = (1, 2, 4, 8)
@@ -120,7 +121,8 @@ def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
     fixed = r.filter(~pl.col("adaptive"))
     return ["## The replay in detail", ""] + _acceptance(fixed) + _costs(data.get("replay_costs")) + \
         _speedup(fixed) + _rules(fixed) + _adaptive(r) + _against_timed(data.get("replay_same"),
-                                                                           data.get("equivalence"))
+                                                                           data.get("equivalence"),
+                                                                           data.get("timing_floor"))
 
 
 def _adaptive(r: pl.DataFrame) -> list[str]:
@@ -240,7 +242,7 @@ def _rules(r: pl.DataFrame) -> list[str]:
                                                       "alpha exact", "best leviathan", "best exact"]), ""])]
 
 
-def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None) -> list[str]:
+def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None, floor: pl.DataFrame | None) -> list[str]:
     """The replay on the prompts a timed run used, against that run: acceptance and speedup, like for like."""
     if t is None or not len(t):
         return []
@@ -282,5 +284,6 @@ def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None) -> list[str]
             "ties, counted), and where the draft's own top two choices were nearly tied (the loop builds its cache "
             "in blocks of one or two tokens as acceptance falls, the replay one token at a time). Under sampling "
             f"the replay gives the expectation, the timed run one draw. {level}Speedup predicted within 10% of "
-            f"measured in {close('speedup')} of {len(t)} rows; the two intervals meet in {meet}.{drift}",
+            f"measured in {close('speedup')} of {len(t)} rows; the two intervals meet in {meet}.{drift}"
+            f"{timing_floor(floor)}",
             "", *per_target(t, rows)]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.analysis.metrics import pace_spread
 from harness.report.fmt import ci, f, mib, pct_ci, table
 from harness.rundir import plan_rounds, trace_files
 
@@ -46,12 +47,26 @@ def break_even(r: dict) -> str:
     return "unreachable" if r["break_even_rate"] is None else f"{r['break_even_rate']:.0%}"
 
 
-def _agreement(cm: pl.DataFrame) -> str:
+def _agreement(cm: pl.DataFrame, floor: pl.DataFrame | None) -> str:
     err = cm["error"].cast(pl.Float64).drop_nulls().abs()  # all null (no baseline finished): no dtype to abs
     if not len(err):
         return "No row has both a prediction and a measurement."
     return (f"Predicted within 10% of measured in {int((err <= 0.1).sum())} of {len(err)} rows "
-            f"(mean absolute error {err.mean():.1%}).")
+            f"(mean absolute error {err.mean():.1%}).{timing_floor(floor)}")
+
+
+def timing_floor(fl: pl.DataFrame | None) -> str:
+    """How closely two timings of the same work agree in this run (metrics.timing_floor): what bounds any check
+    of a timed speedup against a prediction."""
+    if fl is None or not len(fl):
+        return ""
+    off = (fl["ratio"] - 1).abs()
+    return (" Two timings of the same work, seconds apart, bound how closely any prediction can meet a timed "
+            "row: the target's one-token decodes in the steps of speculative generations that proposed nothing "
+            f"and those of their plain twins ran within 10% of each other in {int((off <= 0.10).sum())} of "
+            f"{len(off)} generations, within 5% in {int((off <= 0.05).sum())} (median difference {off.median():.1%}). "
+            f"Beyond their decodes' own scatter, the pace moved by {pace_spread(fl):.1%} (log-scale spread) between "
+            "a generation and its twin, which the intervals of rows timed on one prompt carry.")
 
 
 def cost_model(data: dict[str, pl.DataFrame]) -> list[str]:
@@ -83,7 +98,7 @@ def cost_model(data: dict[str, pl.DataFrame]) -> list[str]:
             "step-to-step spread: how far the acceptance draws of a short run move the measured speedup on their "
             "own (the prediction uses alpha, which under sampling is an expectation and steadier; under greedy the "
             "same draws set both); an error within about two of them is sampling noise.",
-            "", _agreement(cm), "",
+            "", _agreement(cm, data.get("timing_floor")), "",
             table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error", "s.e."]),
             ""] + ([
             "Recommended gamma (the cost model's best at the measured alpha over the whole measured curve; 0 = "

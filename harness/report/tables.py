@@ -98,6 +98,7 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     if conc is not None:
         out["concurrency"] = conc
     out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg, own_costs)
+    out["timing_floor"] = m["timing_floor"]
     return out
 
 
@@ -153,8 +154,12 @@ def measured(run_dir: Path, cfg: pl.DataFrame, units: set[str]) -> dict | None:
         r["step_ms"] or 0, 1 / r["ref_tokens_per_ms"] if r["ref_tokens_per_ms"] else 0, r["gamma"])
         for r in sweep.iter_rows(named=True)]
     sweep = sweep.with_columns(pl.Series("break_even_rate", be, dtype=pl.Float64))
-    sweep = sweep.join(row_intervals(steps, gens, p_steps, p_gens, cfg), on=keys, how="left")
-    return {"sweep": sweep, "records": records, "p_records": p_records, "gens": gens, "p_gens": p_gens}
+    single = cfg.filter(pl.col("parallel") == 1)["config"].to_list()  # a batched step serves several prompts
+    floor = metrics.timing_floor(steps.filter(pl.col("config").is_in(single)) if len(steps) else steps, p_steps)
+    sweep = sweep.join(row_intervals(steps, gens, p_steps, p_gens, cfg, metrics.pace_spread(floor)), on=keys,
+                       how="left")
+    return {"sweep": sweep, "records": records, "p_records": p_records, "gens": gens, "p_gens": p_gens,
+            "timing_floor": floor}
 
 
 def run_verdicts(run_dir: Path, plan: dict, results: dict[str, dict], cfg: pl.DataFrame, sweep: pl.DataFrame,
@@ -299,9 +304,10 @@ def units_frame(results: dict[str, dict]) -> pl.DataFrame:
 
 
 def row_intervals(steps: pl.DataFrame, gens: pl.DataFrame, p_steps: pl.DataFrame, p_gens: pl.DataFrame,
-                  cfg: pl.DataFrame) -> pl.DataFrame:
+                  cfg: pl.DataFrame, pace: float = 0.0) -> pl.DataFrame:
     """Intervals per speculative (config, category): each generation against its plain twin, the paired one in
-    a paired run, else the same prompt's generation by the category's plain baseline configuration."""
+    a paired run, else the same prompt's generation by the category's plain baseline configuration; a row of one
+    prompt widened by the pace's spread between twins (evidence.intervals_frame)."""
     is_spec = pl.col("mode") == "speculative"
     spec = generation_steps(steps.filter(is_spec), gens.filter(is_spec), spec=True) if len(steps) else {}
     if len(p_gens):
@@ -310,7 +316,7 @@ def row_intervals(steps: pl.DataFrame, gens: pl.DataFrame, p_steps: pl.DataFrame
         base_of = base_configs(cfg)
         by_base = generation_steps(steps.filter(~is_spec), gens.filter(~is_spec), spec=False) if len(steps) else {}
         twins = {k: by_base[b] for k in spec if (b := (base_of.get(k[0]), *k[1:])) in by_base}
-    return intervals_frame(row_evidence(spec, twins))
+    return intervals_frame(row_evidence(spec, twins), pace)
 
 
 def base_configs(cfg: pl.DataFrame) -> dict[str, str]:
