@@ -61,8 +61,8 @@ def timing_floor(fl: pl.DataFrame | None) -> str:
     if fl is None or not len(fl):
         return ""
     off = (fl["ratio"] - 1).abs()
-    return (" Two timings of the same work, seconds apart, bound how closely any prediction can meet a timed "
-            "row: the target's one-token decodes in the steps of speculative generations that proposed nothing "
+    return (" Two timings of the same work, seconds apart, show how far a timed row moves by itself: the "
+            "target's one-token decodes in the steps of speculative generations that proposed nothing "
             f"and those of their plain twins ran within 10% of each other in {int((off <= 0.10).sum())} of "
             f"{len(off)} generations, within 5% in {int((off <= 0.05).sum())} (median difference {off.median():.1%}). "
             f"Beyond their decodes' own scatter, the pace moved by {pace_spread(fl):.1%} (log-scale spread) between "
