@@ -155,8 +155,9 @@ def test_replay_by_hand_greedy_and_sampled():
     # along the output 640
     greedy = 2 * (4940 + 1436) + 400 + 640
     assert replay_ms(BASE, ps, [D], PARAMS, figures(ps), ledger) == pytest.approx(greedy)
-    # sampling: the target's batched pass (prompts 1000, output 64 x 5), the draft's batched (400 + 64 x 2)
-    sampled = 2 * (4940 + 1436) + 1320 + 528
+    # sampling: the target's teacher-forced pass (prompts 1000; each output of 32 rows with all their logits, a
+    # block: 30 + 31 x 10), the draft's (400; 10 + 31 x 2 each)
+    sampled = 2 * (4940 + 1436) + (1000 + 2 * 340) + (400 + 2 * 72)
     assert replay_ms(SBASE, ps, [D], PARAMS, figures(ps), ledger) == pytest.approx(sampled)
     # llama.cpp's rule swept: the draft also decodes along the output a token at a time, from its prompt again
     exact = replace(PARAMS, verify=["leviathan", "exact"])
@@ -220,12 +221,13 @@ def test_the_parts_add_up_for_a_replayed_run_with_a_timed_subset():
 def test_several_targets_add_their_fidelity_by_hand():
     """On each category's first prompt (2 here, 100 tokens each), 32 tokens out: the reference evaluates each
     prompt twice (its greedy teacher output, then the teacher-forced pass) and generates 2 + 1 times; the other
-    target evaluates each once and generates once (its timed run); each teacher-forces the 32 output tokens."""
+    target evaluates each once and generates once (its timed run); each teacher-forces the 32 output tokens, a
+    block of 32 rows with their logits (30 + 31 x 10)."""
     ps = prompts(2)
     p = replace(PARAMS, target=[T, T2])
     parts = remaining_parts([], [], {}, ps, p, None, {"timed": True}, figures(ps))
-    ref = 2 * 2 * 100 * 5 + 2 * 32 * 5 + 3 * 32 * 30
-    other = 2 * 100 * 5 + 2 * 32 * 5 + 1 * 32 * 30
+    ref = 2 * 2 * 100 * 5 + 2 * 340 + 3 * 32 * 30
+    other = 2 * 100 * 5 + 2 * 340 + 1 * 32 * 30
     assert parts["fidelity"] * 1000 == pytest.approx(ref + other)
     assert "fidelity" not in remaining_parts([], [], {}, ps, PARAMS, None, {"timed": True}, figures(ps))
 
