@@ -111,20 +111,12 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
     from pathlib import Path
 
     from harness.engine import EngineConfig
-    from harness.prompts import Prompt
     from harness.proposers import Drafting
-    from harness.runner import run_one
+    from harness.runner import given_prompt, run_one
     from harness.sampling import Policy
     policy = Policy(temperature, top_k, top_p, min_p, seed)
     drafting = Drafting(verify, draft_p_min, draft_n_min)
-    if (prompt_text is None) == (prompt_file is None):
-        raise HarnessError("give exactly one of --prompt TEXT or --prompt-file FILE")
-    if prompt_file:
-        from harness.prompts import read_prompt_text
-        prompt_text = read_prompt_text(Path(prompt_file))
-    if not prompt_text.strip():
-        raise HarnessError("the prompt is empty")
-    prompt = Prompt("cli", "cli", (("user", prompt_text),), prompt_text, max_tokens, chat=not raw)
+    prompt = given_prompt(prompt_text, prompt_file, raw, max_tokens)
     cfg = EngineConfig(n_ctx=n_ctx, n_gpu_layers=ngl, threads=threads, cache_k=cache_type_k, cache_v=cache_type_v,
                        flash_attn=flash_attn, n_ubatch=ubatch)
     if ubatch < 1:

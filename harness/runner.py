@@ -40,6 +40,18 @@ def render_marked(vocab, tokens: list[int], from_draft: str, color: bool) -> str
     return "".join(out)
 
 
+def given_prompt(text: str | None, file: str | None, raw: bool, max_tokens: int) -> Prompt:
+    """The prompt `harness run` was given: exactly one of its text or a file holding it, not empty."""
+    if (text is None) == (file is None):
+        raise HarnessError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    if file:
+        from harness.prompts import read_prompt_text
+        text = read_prompt_text(Path(file))
+    if not text.strip():
+        raise HarnessError("the prompt is empty")
+    return Prompt("cli", "cli", (("user", text),), text, max_tokens, chat=not raw)
+
+
 def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamma: int, max_tokens: int,
             cfg: EngineConfig, draft_cfg: EngineConfig, baseline: bool, trace_path: Path | None,
             drafting: Drafting = Drafting()) -> None:
