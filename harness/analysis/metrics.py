@@ -147,8 +147,8 @@ def timing_floor(steps: pl.DataFrame, p_steps: pl.DataFrame, min_plain: int = 4)
     """Two timings of the same work, seconds apart: per speculative generation with a plain twin (same
     configuration, prompt and repeat) and at least min_plain steps that proposed nothing (a lookup that found no
     match), the target's one-token decodes in those steps against the twin's, as "ratio" = the twin's mean over
-    theirs. How far it strays from 1 is the floor under any check of a timed speedup against a prediction: the
-    machine's pace moving between the two generations moves the measured speedup as much."""
+    theirs. How far it strays from 1 is how far a timed speedup moves by itself: the machine's pace moving
+    between the two generations moves the measured speedup as much, and no prediction can follow it."""
     keys = ["config", "category", "prompt_id", "repeat"]
     if not len(steps) or not len(p_steps) or not set(keys) <= set(steps.columns) & set(p_steps.columns):
         return pl.DataFrame()

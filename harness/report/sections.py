@@ -56,8 +56,8 @@ def _agreement(cm: pl.DataFrame, floor: pl.DataFrame | None) -> str:
 
 
 def timing_floor(fl: pl.DataFrame | None) -> str:
-    """How closely two timings of the same work agree in this run (metrics.timing_floor): what bounds any check
-    of a timed speedup against a prediction."""
+    """How closely two timings of the same work agree in this run (metrics.timing_floor): how far a timed row
+    moves by itself, which no prediction can follow."""
     if fl is None or not len(fl):
         return ""
     off = (fl["ratio"] - 1).abs()
