@@ -8,9 +8,7 @@ import numpy as np
 import polars as pl
 
 from harness.analysis.intervals import Generation, Row, row_intervals, step_matrix, widened
-from harness.analysis.metrics import REACHED
-
-GEN_KEYS = ["config", "category", "prompt_id", "repeat"]
+from harness.analysis.metrics import GEN_KEYS, REACHED
 INTERVAL_FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")
 
 

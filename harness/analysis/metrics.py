@@ -21,6 +21,7 @@ import polars as pl
 from harness.divergence import first_divergence
 
 CONF_BUCKETS = [0.5, 0.8, 0.95]
+GEN_KEYS = ["config", "category", "prompt_id", "repeat"]  # one generation
 CONF_LABELS = ["<0.5", "0.5-0.8", "0.8-0.95", ">=0.95"]
 
 
@@ -149,7 +150,7 @@ def timing_floor(steps: pl.DataFrame, p_steps: pl.DataFrame, min_plain: int = 4)
     match), the target's one-token decodes in those steps against the twin's, as "ratio" = the twin's mean over
     theirs. How far it strays from 1 is how far a timed speedup moves by itself: the machine's pace moving
     between the two generations moves the measured speedup as much, and no prediction can follow it."""
-    keys = ["config", "category", "prompt_id", "repeat"]
+    keys = GEN_KEYS
     if not len(steps) or not len(p_steps) or not set(keys) <= set(steps.columns) & set(p_steps.columns):
         return pl.DataFrame()
     def rel_var(name: str) -> pl.Expr:  # the relative variance of the mean of these decodes: their own scatter
