@@ -85,7 +85,9 @@ def anchors(md: Path) -> set[str]:
     return out
 
 
-def broken_links(files: list[Path]) -> list[str]:
+def broken_links(files: list[Path], tracked: set[str] | None = None) -> list[str]:
+    """Links to no file or heading; with tracked (paths from the repo root), also links to files git doesn't hold,
+    which a clean clone lacks."""
     bad = []
     for f in files:
         text = CODE_SPAN.sub("", FENCE.sub("", f.read_text()))
@@ -96,6 +98,8 @@ def broken_links(files: list[Path]) -> list[str]:
             dest = (f.parent / path).resolve() if path else f
             if not dest.exists():
                 bad.append(f"{_name(f)}: {target} (no such file)")
+            elif tracked is not None and dest != f and _name(dest) not in tracked:
+                bad.append(f"{_name(f)}: {target} (not committed)")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 bad.append(f"{_name(f)}: {target} (no such heading)")
     return bad
@@ -133,6 +137,18 @@ def test_relative_links_resolve():
     assert not bad, "broken links:\n" + "\n".join(bad)
 
 
+def test_committed_reports_link_only_committed_files():
+    """A report rendered beside plots that `harness archive` dropped links them; a clean clone then lacks them,
+    and `harness report --check` there disagrees with the committed report."""
+    paths = committed_paths()
+    if paths is None:
+        pytest.skip("not a git checkout")
+    reports = [ROOT / p for p in paths if p.count("/") == 1 and p.endswith(".md")]
+    bad = broken_links(reports, set(paths))
+    assert not bad, "committed reports link what is not committed (run `harness archive` on the run again):\n" + \
+        "\n".join(bad)
+
+
 def test_broken_link_is_caught(tmp_path):
     (tmp_path / "y.md").write_text("# A heading, with `code`\n\n## Again\n\n## Again\n\n## long_context: N = 8\n")
     doc = tmp_path / "x.md"
@@ -140,3 +156,5 @@ def test_broken_link_is_caught(tmp_path):
                    "[under](y.md#long_context-n--8) "
                    "`[in code](z.md)` [web](https://example.com/x.md)\n")
     assert broken_links([doc]) == ["x.md: nope.md (no such file)", "x.md: y.md#other (no such heading)"]
+    (tmp_path / "z.md").write_text("# Top\n\n[here](y.md) [self](#top)\n")
+    assert broken_links([tmp_path / "z.md"], {"z.md"}) == ["z.md: y.md (not committed)"]
