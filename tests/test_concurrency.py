@@ -1,6 +1,7 @@
 """Concurrent requests: N sequences in one context. The batched cost model (pure) first, then the batched loop
 on SmolLM2 against one-at-a-time decoding, the plan's refusals, and a bench run end to end."""
 import json
+import re
 
 import pytest
 
@@ -204,6 +205,8 @@ def test_bench_reports_verdicts_throughput_latency_and_kv_per_n(parallel_run):
     assert sorted({r["N"] for r in rows}) == ["1", "2", "4"] and all(r["gamma"] == "2" for r in rows)
     assert all(float(r["spec tok/s (total)"]) > 0 and float(r["plain tok/s (total)"]) > 0 for r in rows)
     assert all(r["predicted"].endswith("x") for r in rows)
+    assert re.search(r"Predicted within 10% of the measured speedup in \d+ of 12 row\(s\)\. The same plain work "
+                     r"timed twice .* agrees within 10% in \d+ of 12 \(the largest gap \d+%\)", md)
     n2 = next(r for r in rows if r["N"] == "2")
     assert float(n2["per sequence"]) < float(n2["spec tok/s (total)"])  # two sequences share each step
     assert "the category has 3 prompt(s), so at most 3 ran at once" in md  # N = 4 > 3 prompts: ran what there is

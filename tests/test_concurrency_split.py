@@ -4,7 +4,7 @@ replayed from its step records (all pure), and --kv-unified swept as a plan sett
 import pytest
 
 from harness.concurrency.costs import BatchCosts, batch_ms, shaped_step_ms, split
-from harness.concurrency.figures import _batched, _per_sequence, shaped_prices
+from harness.concurrency.figures import _batched, _per_sequence, agreement, gap, shaped_prices
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand, make_params
 from harness.report.howto import howto_for_instance
@@ -125,3 +125,13 @@ def test_kv_unified_through_the_command_line_dry_run(tmp_path, smol, smol_q2k):
     # parallel 1: baseline and draft; parallel 2: both with a KV buffer per sequence, and both unified
     assert r.returncode == 0 and "6 configurations x" in r.stderr, r.stderr
     one_line_error(harness(*args, "--kv-unified", "yes"), "--kv-unified takes on, off")
+
+
+def test_the_prediction_is_counted_beside_the_same_plain_work_timed_twice():
+    rows = [{"predicted": 1.05, "speedup": 1.0, "plain_step_ms": 200.0, "base_step_ms": 250.0},
+            {"predicted": 0.5, "speedup": 0.6, "plain_step_ms": 210.0, "base_step_ms": 200.0},
+            {"predicted": None, "speedup": 0.9, "plain_step_ms": 200.0, "base_step_ms": None}]  # no twin, no cost
+    assert gap(0.5, 0.6) == pytest.approx(0.2) and gap(0.6, 0.5) == gap(0.5, 0.6)
+    assert agreement(rows) == {"predicted": 1, "predicted_of": 2, "twice": 1, "twice_of": 2,
+                               "twice_max": pytest.approx(0.25)}
+    assert agreement([])["twice_max"] is None

@@ -125,13 +125,16 @@ def concurrency_frame(sweep: pl.DataFrame, records: list[dict], paired: list[dic
         else:
             ref, src = (base_of.get(cfg), cat, "baseline"), (gens, batches, steps)
         mine, plain = _decode(gens[own], batches[own], steps[own]), _decode(*(x[ref] for x in src))
+        base = (base_of.get(cfg), cat, "baseline")  # the same plain requests again, in another worker
+        again = _decode(gens[base], batches[base], steps[base]) if spec and ref != base else {}
         out = {"config": cfg, "category": cat, **{k: mine.get(k) for k in (
             "total_tokens_per_s", "latency_ms", "latency_p95_ms", "mean_active", "peak_positions", "requests",
             "slots_used")}} | {f"plain_{k}": plain.get(k) for k in ("total_tokens_per_s", "latency_ms",
                                                                      "latency_p95_ms", "mean_active")}
         lo, hi = _per_request_acceptance(steps[own]) if spec else (None, None)
         out |= {"acceptance_min": lo, "acceptance_max": hi, "predicted": None, "predicted_step_ms": None,
-                "step_ms": mine.get("step_ms"), "plain_step_ms": plain.get("step_ms")}
+                "step_ms": mine.get("step_ms"), "plain_step_ms": plain.get("step_ms"),
+                "base_step_ms": again.get("step_ms")}
         if spec and cfg in costs and r["alpha"] is not None and mine and plain:
             c = from_record(costs[cfg], r["context"], r["gamma"], r["parallel"])
             share = r["verify_steps"] / r["target_calls"] if r["target_calls"] else 1.0
@@ -144,3 +147,19 @@ def concurrency_frame(sweep: pl.DataFrame, records: list[dict], paired: list[dic
             out["predicted_step_ms"] = pred
         rows.append(out)
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def gap(a: float, b: float) -> float:
+    """How far apart two positive figures are, as a fraction of the smaller."""
+    return max(a, b) / min(a, b) - 1
+
+
+def agreement(rows: list[dict], tol: float = 0.1) -> dict:
+    """Over a run's speculative rows: the prediction against the measured speedup, and the timing floor, the
+    same plain work timed twice (each row's plain twins against the plain baseline configuration's run of the
+    same requests at the same N): how many agree within tol, of how many, and the largest gap."""
+    pred = [gap(r["predicted"], r["speedup"]) for r in rows if r.get("predicted") and r.get("speedup")]
+    twice = [gap(r["plain_step_ms"], r["base_step_ms"]) for r in rows
+             if r.get("plain_step_ms") and r.get("base_step_ms")]
+    return {"predicted": sum(g <= tol for g in pred), "predicted_of": len(pred),
+            "twice": sum(g <= tol for g in twice), "twice_of": len(twice), "twice_max": max(twice, default=None)}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.concurrency.figures import agreement
 from harness.report.fmt import ci, f, mib, table
 
 KEYS = ["category", "policy", "parallel", "kv_unified", "draft_label", "gamma_label"]
@@ -57,6 +58,7 @@ def section(data: dict[str, pl.DataFrame], run_dir: Path, rel: Path) -> list[str
     else:
         out += [table(first, ["category", "policy", "N", "draft", "gamma", "plain tok/s (total)",
                               "spec tok/s (total)", "per sequence", "speedup [95% CI]", "predicted"]), "",
+                *_agreement(list(spec.iter_rows(named=True))),
                 "Latency per request (ms, mean / p95, its prefill included) and acceptance (pooled; the range over "
                 "requests in brackets):", "",
                 table(second, ["category", "policy", "N", "draft", "gamma", "plain latency", "spec latency",
@@ -70,6 +72,21 @@ def section(data: dict[str, pl.DataFrame], run_dir: Path, rel: Path) -> list[str
         out.append("")
     out += _kv(c) + _plot(run_dir, rel)
     return out
+
+
+def _agreement(rows: list[dict]) -> list[str]:
+    """The prediction's agreement beside the run's timing floor: a prediction can follow a measurement no
+    closer than two timings of the same work follow each other."""
+    a = agreement(rows)
+    if not a["predicted_of"]:
+        return []
+    line = f"Predicted within 10% of the measured speedup in {a['predicted']} of {a['predicted_of']} row(s)."
+    if a["twice_of"]:
+        line += (f" The same plain work timed twice (each row's plain twins against the plain baseline "
+                 f"configuration's run of the same requests at the same N, in another worker) agrees within 10% in "
+                 f"{a['twice']} of {a['twice_of']} (the largest gap {a['twice_max']:.0%}): the measured speedups "
+                 "move that much by themselves.")
+    return [line, ""]
 
 
 def _kv(c: pl.DataFrame) -> list[str]:
