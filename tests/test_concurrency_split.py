@@ -8,6 +8,7 @@ from harness.concurrency.figures import _batched, _per_sequence, agreement, gap,
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand, make_params
 from harness.report.howto import howto_for_instance
+from harness.report.concurrency import _agreement
 from tests.conftest import PROMPT_FILE
 from tests.helpers import harness, one_line_error
 
@@ -135,3 +136,8 @@ def test_the_prediction_is_counted_beside_the_same_plain_work_timed_twice():
     assert agreement(rows) == {"predicted": 1, "predicted_of": 2, "twice": 1, "twice_of": 2,
                                "twice_max": pytest.approx(0.25)}
     assert agreement([])["twice_max"] is None
+    # the report's line: the floor beside the prediction, and what narrows it only where the floor moved
+    line = _agreement(rows)[0]
+    assert "in 1 of 2 row(s)" in line and "agrees within 10% in 1 of 2 (the largest gap 25%)" in line
+    assert "--max-tokens 64 --repeat 2" in line
+    assert "--max-tokens" not in _agreement(rows[1:])[0]

@@ -86,6 +86,8 @@ def _agreement(rows: list[dict]) -> list[str]:
                  f"configuration's run of the same requests at the same N, in another worker) agrees within 10% in "
                  f"{a['twice']} of {a['twice_of']} (the largest gap {a['twice_max']:.0%}): the measured speedups "
                  "move that much by themselves.")
+        if a["twice"] < a["twice_of"]:
+            line += " Longer rows (`--max-tokens 64 --repeat 2`) move less."
     return [line, ""]
 
 
