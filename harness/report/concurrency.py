@@ -87,7 +87,7 @@ def _agreement(rows: list[dict]) -> list[str]:
                  f"{a['twice']} of {a['twice_of']} (the largest gap {a['twice_max']:.0%}): the measured speedups "
                  "move that much by themselves.")
         if a["twice"] < a["twice_of"]:
-            line += " Longer rows (`--max-tokens 64 --repeat 2`) move less."
+            line += " Longer rows (a larger `--max-tokens` or `--repeat`) move less."
     return [line, ""]
 
 
