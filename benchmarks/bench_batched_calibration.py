@@ -7,10 +7,8 @@ calibrations spread as widely as the prices miss, the misses are the machine's p
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
-from harness.concurrency.calibrate import _prefill, batched_costs, sequence_counts
+from harness.concurrency.calibrate import _prefill, _time, batched_costs, sequence_counts
 from harness.engine import Engine, EngineConfig
 from harness.pair import open_pair
 
@@ -21,15 +19,8 @@ def steady(e: Engine, ctx: int, block: list[int], counts: list[int], reps: int) 
     """Median ms of m sequences x block, each shape decoded reps + 1 times in a row, the first dropped."""
     out = []
     for m in counts:
-        ts = []
-        for _ in range(reps + 1):
-            rows = [(s, ctx + i, t, True) for s in range(m) for i, t in enumerate(block)]
-            t0 = time.perf_counter()
-            e.decode_rows(rows)
-            ts.append((time.perf_counter() - t0) * 1000)
-            for s in range(m):
-                e.seq_trim(s, ctx)
-        out.append(statistics.median(ts[1:]))
+        _time(e, ctx, block, [m], 1)
+        out += _time(e, ctx, block, [m], reps)
     return out
 
 
@@ -64,7 +55,6 @@ def main() -> None:
             _prefill(t, text[:ctx], a.parallel)
             got.append((steady(t, ctx, text[ctx:ctx + 1], counts, a.reps),
                         steady(t, ctx, text[ctx:ctx + a.gamma + 1], counts, a.reps)))
-            t.reset()
         for name, i in (("plain", 0), (f"block {a.gamma + 1}", 1)):
             print(f"  context {ctx:4d} {name:8s} " + "  ".join(
                 f"{m}: {spread([g[i][j] for g in got])}" for j, m in enumerate(counts)))
