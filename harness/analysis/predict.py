@@ -60,6 +60,15 @@ def with_unit_costs(rec: dict, unit: dict) -> dict:
         {k: v for k, v in unit.items() if k in ("contexts", "reps") or k.endswith(("_ms_by_context", "_sd_by_context"))}
 
 
+def speedup_bound(costs: Costs, gamma: int) -> float:
+    """The most any acceptance can give at gamma (at most, for an adaptive gamma): a step emits at most gamma + 1
+    tokens and costs at least the verification of gamma + 1 rows and gamma draft decodes, against one plain decode,
+    each as measured. A predicted speedup beyond it comes from a plain pace the measured costs cannot have."""
+    plain = step_ms(PLAIN, costs)
+    return max((g + 1) * plain / (costs.verify(g + 1) + costs.overhead(g + 1) + g * costs.draft_ms)
+               for g in range(1, gamma + 1))
+
+
 def cost_draws(rec: dict, n: int, key: str) -> dict | None:
     """The costs record with each measured median as n draws around it: normal, with the median's standard error
     from its repetitions' spread (sqrt(pi/2) sd / sqrt(reps)), independent per context and k, floored above zero;
@@ -208,6 +217,7 @@ def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts
     for cat, ps in by_cat.items():
         context = float(np.mean([len(p["prompt_tokens"]) + len(p["tokens"]) / 2 for p in ps]))
         c = costs_at(crec, context, plain_ms.get((config, cat)))
+        measured = costs_at(crec, context, None)  # the replay's own decode, not levelled: what bounds a prediction
         cd = costs_at(draws, context, plain_ms.get((config, cat))) if draws else None
         # every fixed gamma; and, greedy with a draft model, the adaptive controller up to gamma_max
         runs = [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
@@ -223,7 +233,8 @@ def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts
             out.append({"config": config, "policy": policy, "category": cat, "proposer": label, "draft": proposer,
                         "verify": drafting.verify,
                         "gamma": gamma, "adaptive": adaptive, "kind": "exact" if exact else "expected",
-                        "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g, _ in got))}
+                        "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g, _ in got)),
+                        "bound": speedup_bound(measured, gamma)}
                        | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
     return out
 

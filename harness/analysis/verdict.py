@@ -32,8 +32,9 @@ def where_time_goes(draft_ms: float, verify_ms: float, overhead_ms: float) -> st
             f"overhead {overhead_ms / total:.0%} of step time")
 
 
-SPECULATE, PLAIN, NO_GAIN, INCONCLUSIVE, BUSY, NO_DATA = (
-    "speculate", "plain decoding", "no gain worth having", "inconclusive", "unreliable (busy machine)", "no data")
+SPECULATE, PLAIN, NO_GAIN, INCONCLUSIVE, BUSY, BEYOND, NO_DATA = (
+    "speculate", "plain decoding", "no gain worth having", "inconclusive", "unreliable (busy machine)",
+    "unreliable (beyond its costs)", "no data")
 SETTLED = (SPECULATE, PLAIN, NO_GAIN)
 
 

@@ -21,7 +21,7 @@ from harness.bench.estimate import Weights, remaining_parts, remaining_s, units_
 from harness.bench.probe import Figures
 from harness.bench.prepare import models_info, preflight, prepare_calibrations
 from harness.bench.rounds import next_round, open_categories
-from harness.bench.units import Unit, run_replays, run_units
+from harness.bench.units import Unit, retime_busy, retime_busy_replays, run_replays, run_units
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, drop_unreadable, finished, lock_run,
@@ -156,12 +156,24 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             work(*args)
         finally:
             took[name] = took.get(name, 0.0) + time.monotonic() - t0
+
+    def left_s(after: str) -> float | None:
+        """The budget's seconds beyond this invocation's time so far and its estimate of the parts after `after`."""
+        if not params.budget_min:
+            return None
+        parts = list((plan.get("budget") or {}).get("parts_s") or {})
+        rest = parts[parts.index(after) + 1:] if after in parts else []
+        return params.budget_min * 60 - (time.monotonic() - started) - sum(plan["budget"]["parts_s"][k] for k in rest)
     try:
         part("units", run_units, todo, params, run_dir, weights)
+        part("units", retime_busy, todo, params, run_dir, weights, lambda: left_s("units"))
         if params.replay:
             part("replay", run_replays, instances, skipped, first, params, run_dir, weights)
+            part("replay", retime_busy_replays, instances, skipped, first, params, run_dir, weights,
+                 lambda: left_s("replay"))
         if params.timed_subset and "timed" not in plan:
-            part("timed subset", _timed_subset, instances, skipped, first, params, run_dir, plan, by_id, weights)
+            part("timed subset", _timed_subset, instances, skipped, first, params, run_dir, plan, by_id, weights,
+                 lambda: left_s("timed subset"))
         if params.until_confident:
             part("rounds", _until_confident, instances, skipped, pool, rounds, params, run_dir, plan, figures, weights)
         if not params.timed_subset:  # the timed subset is paired; its baselines ran on every prompt
@@ -187,15 +199,16 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
 
 
 def _timed_subset(instances: list[Instance], skipped: dict, first: list, params: Params, run_dir: Path, plan: dict,
-                  by_id: dict, weights: Weights) -> None:
+                  by_id: dict, weights: Weights, left_s) -> None:
     """The configurations the replay's predictions chose (bench.subset), timed on each category's first prompts."""
     from harness.bench.subset import choose
     plan["timed"], plan["timed_in_sample"] = choose(run_dir, [i for i in instances if i.id not in skipped], first,
                                                     params.timed_subset)
     write_plan(run_dir, plan)
     click.echo(f"timed subset from the replay: {len(plan['timed'])} configuration(s)", err=True)
-    run_units([(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]],
-              params, run_dir, weights)
+    units = [(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]]
+    run_units(units, params, run_dir, weights)
+    retime_busy(units, params, run_dir, weights, left_s)
 
 
 def _record_took(run_dir: Path, plan: dict, took: dict[str, float], started: float) -> None:
@@ -338,6 +351,8 @@ def _until_confident(instances: list[Instance], skipped: dict, pool: list, round
                                                         "exhausted": sorted(exhausted), "history": history}}
         write_plan(run_dir, plan)
         run_units(units, params, run_dir, weights)
+        retime_busy(units, params, run_dir, weights,
+                    lambda: params.budget_min * 60 - spent_s(run_dir) if params.budget_min else None)
     plan |= {"rounds": rounds, "until_confident": {"budget_min": params.budget_min, "stopped": stopped,
                                                     "exhausted": sorted(exhausted), "history": history}}
     write_plan(run_dir, plan)

@@ -61,9 +61,12 @@ def held_out_predictions(run_dir: Path, firsts: dict[str, list[str]]) -> tuple[p
     others = {r["category"] for r in records if r["type"] == "replay_prompt" and r["prompt_id"] not in timed}
     skip = {x for cat in others for x in firsts.get(cat, [])}
     records = [r for r in records if r.get("prompt_id") not in skip]
-    # the plain speed each category's prediction is levelled to, over the same prompts
+    # the plain speed each category's prediction is levelled to, over the same prompts; a baseline that ran busy
+    # levels nothing (its replay's own decode cost stands: report.verdicts.replay_levels)
+    from harness.bench.units import busy_units
     bases = {r["config"] for r in records}
     plain_units = {u for u, r in finished(run_dir).items() if r.get("status") == "ok" and r["config"] in bases}
+    plain_units -= set(busy_units(run_dir, sorted(plain_units)))
     gens = metrics.frame([r for r in load_records(run_dir, plain_units) if r.get("prompt_id") not in skip],
                          "generation")
     rows = predictions(records, plain_decode_ms(gens), read_plan(run_dir).get("params", {}).get("replay_gamma", 8))

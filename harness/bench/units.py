@@ -2,6 +2,7 @@
 in a worker of its own, the machine's foreign load sampled while it runs, progress shown per prompt."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -10,7 +11,7 @@ from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
 from harness.bench import noise
 from harness.bench.estimate import Weights
 from harness.plan import Instance, Params
-from harness.rundir import finished, record_noise, unit_id
+from harness.rundir import finished, noise_records, record_noise, unit_id
 from harness.sampling import Policy
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
@@ -51,16 +52,58 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights
         click.echo(f"{title}: {status}{busy}", err=True)
 
 
+def busy_units(run_dir: Path, units: list[str]) -> list[str]:
+    """Of these units, those whose last measurement ran on a busy machine (or slowed)."""
+    recs = noise_records(run_dir)
+    return [u for u in units if u in recs and unit_summary(recs[u])["busy"]]
+
+
+def retime_busy(units: list[Unit], params: Params, run_dir: Path, weights: Weights,
+                left_s: Callable[[], float | None]) -> None:
+    """The units of a pass that ran busy, measured once more at its end (a spell of foreign load passes; the new
+    rows replace the old), where that fits in the budget: left_s(), the seconds it leaves beyond the rest of the
+    run's estimate (None: no budget). A unit busy again, or not measured again, stays marked, and no verdict
+    rests on it."""
+    ids = busy_units(run_dir, [unit_id(i.id, r) for i, r, _ in units])
+    if ids and _fits(ids, finished(run_dir), left_s(), run_dir):
+        run_units([x for x in units if unit_id(x[0].id, x[1]) in ids], params, run_dir, weights)
+
+
+def retime_busy_replays(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path,
+                        weights: Weights, left_s: Callable[[], float | None]) -> None:
+    """retime_busy for the replays: a busy one's decode costs, which its predictions use, measured once more."""
+    from harness.rundir import REPLAY_DIR
+    ids = busy_units(run_dir, [f"replay/{i.id}" for i in instances if i.baseline])
+    done = {f"replay/{u}": r for u, r in finished(run_dir / REPLAY_DIR).items()}
+    if ids and _fits(ids, done, left_s(), run_dir):
+        run_replays(instances, skipped, prompts, params, run_dir, weights, again={u.removeprefix("replay/")
+                                                                                 for u in ids})
+
+
+def _fits(ids: list[str], done: dict[str, dict], left_s: float | None, run_dir: Path) -> bool:
+    """Whether measuring these busy units again fits in the budget, as long as each took; says which way."""
+    cost = sum(done.get(u, {}).get("wall_s") or 0.0 for u in ids)
+    if left_s is not None and cost > left_s:
+        click.echo(f"{len(ids)} unit(s) ran on a busy machine ({', '.join(ids)}); measuring them again (about "
+                   f"{cost / 60:.1f} min) would pass the budget: no verdict rests on them (`harness bench --resume "
+                   f"{run_dir} --rerun-busy` measures them again)", err=True)
+        return False
+    click.echo(f"measuring {len(ids)} unit(s) again that ran on a busy machine: {', '.join(ids)}", err=True)
+    return True
+
+
 def run_replays(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path,
-                weights: Weights) -> None:
+                weights: Weights, again: set[str] = frozenset()) -> None:
     """Each finished plain baseline's outputs replayed through every model draft (and the n-gram proposers),
-    watched for noise like any unit: the replay measures the decode costs its predictions use."""
+    watched for noise like any unit: the replay measures the decode costs its predictions use. again: baselines
+    whose finished replay runs once more."""
     from harness.bench.progress import Progress, replay_watch
     from harness.bench.replay import per_prompt, proposers, run_replay
     from harness.rundir import REPLAY_DIR
     done, base_done = finished(run_dir / REPLAY_DIR), finished(run_dir)
     todo = [i for i in instances if i.baseline and i.id not in skipped
-            and base_done.get(i.id, {}).get("status") == "ok" and done.get(i.id, {}).get("status") != "ok"]
+            and base_done.get(i.id, {}).get("status") == "ok"
+            and (done.get(i.id, {}).get("status") != "ok" or i.id in again)]
     for k, base in enumerate(todo, 1):
         title = f"[replay {k}/{len(todo)}] {base.target} {Policy(**base.policy).label}"
         drafts = proposers(instances, params, base)

@@ -7,63 +7,83 @@ from dataclasses import replace
 
 import polars as pl
 
-from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SPECULATE
+from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SETTLED, SPECULATE
 from harness.report.fmt import beside, ci
+from harness.report.replayed import confirmation
+from harness.report.verdicts import GROUP
 
 VARY = ("target", "ngl", "threads", "setup")
 
 
 def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
     """One dict per group: where (target, ngl, threads, setup, category, policy), the verdict, the configuration
-    it names and its figures, how it was judged (predicted from every prompt, or timed) and, for speculate, how
-    to run it in llama.cpp (report.howto) with, where llama.cpp's rule differs from the one measured, the figure
-    of llama.cpp's rule beside."""
+    it names and its figures, what it rests on (predicted from every prompt, or timed) with its timed check and,
+    for speculate, how to run it in llama.cpp (report.howto) with, where llama.cpp's rule differs from the one
+    measured, the figure of llama.cpp's rule beside. A prediction its own timed run contradicts is no answer:
+    the group's timed verdict decides where it settled, else the group is inconclusive."""
     from harness.plan import Instance
     by_id = {i.id: i for i in (Instance(**d) for d in plan.get("instances", []))}
     n_ctx = plan.get("params", {}).get("n_ctx", 2048)
+    v, sweep = data.get("verdicts"), data.get("sweep")
     replay = data.get("replay_verdicts")
     if replay is not None and len(replay):
-        pred = data["replay"]
+        timed = {} if v is None or not len(v) else {tuple(r[k] for k in GROUP): r for r in v.iter_rows(named=True)}
         out = []
         for r in replay.iter_rows(named=True):
-            base = by_id.get(r["base"])
-            group = (pl.col("base") == r["base"]) & (pl.col("category") == r["category"]) & \
-                (pl.col("draft") == r["draft"])
-            gamma, adaptive, note = r["gamma"], r["adaptive"], ""
-            if adaptive:  # llama.cpp cannot adapt: its commands (and the crosscheck) run the best fixed gamma
-                rule = pl.col("verify").fill_null("leviathan") == (r["verify"] or "leviathan")
-                fixed = pred.filter(group & ~pl.col("adaptive") & rule).sort("speedup", descending=True)
-                if len(fixed):
-                    x = fixed.row(0, named=True)
-                    gamma, adaptive = x["gamma"], False
-                    note = (f"llama.cpp has no adaptive draft length: the commands run the best fixed gamma, {gamma} "
-                            f"({ci(x['speedup'], x['speedup_lo'], x['speedup_hi'], unit='x')} predicted).")
-            inst = None if base is None else replace(base, draft=r["draft"], gamma=gamma, adaptive=adaptive,
-                                                     verify=r["verify"] or "leviathan")
-            same = group & (pl.col("gamma") == gamma) & (pl.col("adaptive") == adaptive) & \
-                (pl.col("verify") == "exact")
-            out.append(_answer(r, f"{r['proposer']} γ {'auto<=' if r['adaptive'] else ''}{r['gamma']}", inst,
-                               "predicted from every prompt", n_ctx, pred.filter(same), note))
+            check = confirmation(r)
+            if not check.startswith("CONTRADICTED"):
+                out.append(_predicted(r, data["replay"], by_id, n_ctx) | {"check": check})
+                continue
+            said = (f"predicted {r['verdict']} ({r['proposer']} γ {r['gamma']}, "
+                    f"{ci(r['speedup'], r['lo'], r['hi'], unit='x')}), but its timed run contradicted it "
+                    f"({check.removeprefix('CONTRADICTED: ')})")
+            t = timed.get(tuple(r[k] for k in GROUP))
+            if t is not None and t["verdict"] in SETTLED:
+                out.append(_timed(t, by_id, n_ctx, sweep) | {"check": said + ": the timed run decides"})
+            else:
+                out.append(_answer(r | {"verdict": INCONCLUSIVE, "further": None}, "", None,
+                                   "predicted from every prompt", n_ctx, pl.DataFrame()) | {"check": said})
         return out
-    v, sweep = data.get("verdicts"), data.get("sweep")
     if v is None or not len(v):
         return []
-    out = []
-    for r in v.iter_rows(named=True):
-        inst = by_id.get(r.get("config"))
-        twin = pl.DataFrame()
-        if inst is not None and sweep is not None:  # the same configuration under llama.cpp's rule, if timed
-            ids = {i.id for i in by_id.values() if replace(i, verify=inst.verify) == inst and i.verify == "exact"}
-            twin = sweep.filter(pl.col("config").is_in(ids) & (pl.col("category") == r["category"]))
-        name = f"{r['draft_label']} γ {r['gamma_label']}" if r.get("draft") else ""
-        out.append(_answer(r, name, inst, "timed", n_ctx, twin))
-    return out
+    return [_timed(r, by_id, n_ctx, sweep) | {"check": ""} for r in v.iter_rows(named=True)]
+
+
+def _predicted(r: dict, pred: pl.DataFrame, by_id: dict, n_ctx: int) -> dict:
+    """A replay verdict's answer."""
+    base = by_id.get(r["base"])
+    group = (pl.col("base") == r["base"]) & (pl.col("category") == r["category"]) & (pl.col("draft") == r["draft"])
+    gamma, adaptive, note = r["gamma"], r["adaptive"], ""
+    if adaptive:  # llama.cpp cannot adapt: its commands (and the crosscheck) run the best fixed gamma
+        rule = pl.col("verify").fill_null("leviathan") == (r["verify"] or "leviathan")
+        fixed = pred.filter(group & ~pl.col("adaptive") & rule).sort("speedup", descending=True)
+        if len(fixed):
+            x = fixed.row(0, named=True)
+            gamma, adaptive = x["gamma"], False
+            note = (f"llama.cpp has no adaptive draft length: the commands run the best fixed gamma, {gamma} "
+                    f"({ci(x['speedup'], x['speedup_lo'], x['speedup_hi'], unit='x')} predicted).")
+    inst = None if base is None else replace(base, draft=r["draft"], gamma=gamma, adaptive=adaptive,
+                                             verify=r["verify"] or "leviathan")
+    same = group & (pl.col("gamma") == gamma) & (pl.col("adaptive") == adaptive) & (pl.col("verify") == "exact")
+    return _answer(r, f"{r['proposer']} γ {'auto<=' if r['adaptive'] else ''}{r['gamma']}", inst,
+                   "predicted from every prompt", n_ctx, pred.filter(same), note)
+
+
+def _timed(r: dict, by_id: dict, n_ctx: int, sweep: pl.DataFrame | None) -> dict:
+    """A timed verdict's answer."""
+    inst = by_id.get(r.get("config"))
+    twin = pl.DataFrame()
+    if inst is not None and sweep is not None:  # the same configuration under llama.cpp's rule, if timed
+        ids = {i.id for i in by_id.values() if replace(i, verify=inst.verify) == inst and i.verify == "exact"}
+        twin = sweep.filter(pl.col("config").is_in(ids) & (pl.col("category") == r["category"]))
+    name = f"{r['draft_label']} γ {r['gamma_label']}" if r.get("draft") else ""
+    return _answer(r, name, inst, f"timed on {r.get('prompts')} prompt(s)", n_ctx, twin)
 
 
 def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFrame, note: str = "") -> dict:
     from harness.report.howto import howto_for_instance, rule_differs
     a = {k: r.get(k) for k in (*VARY, "category", "policy", "verdict", "speedup", "lo", "hi", "at_most", "further",
-                               "min_gain")} | {"configuration": name, "source": source}
+                               "min_gain", "why")} | {"configuration": name, "source": source}
     how = howto_for_instance(inst, n_ctx) if inst is not None and r["verdict"] == SPECULATE else None
     a |= {"server": how and how.server, "speculative_simple": how and how.speculative_simple,
           "python": how and how.python, "note": " ".join(x for x in (note, how.note) if x) if how else ""}
@@ -83,19 +103,29 @@ def sentence(a: dict) -> str:
     v = a["verdict"]
     if v == SPECULATE:
         return (f"{where}: **speculate**: {a['configuration']}, {ci(a['speedup'], a['lo'], a['hi'], unit='x')} "
-                f"(at least {a['lo']:.2f}x: a gain over {gain})")
+                f"(at least {a['lo']:.2f}x: a gain over {gain}; {rests_on(a)})")
     if v == NO_GAIN:
         return (f"{where}: **no gain worth having** (best {a['speedup']:.2f}x, {a['configuration']}; at most "
                 f"{beside(a['at_most'], 1 + a['min_gain'])}x, under the {gain} worth having)")
     if v == PLAIN:
         return (f"{where}: **plain decoding**: every configuration loses (best {a['configuration']}, "
                 f"{ci(a['speedup'], a['lo'], a['hi'], unit='x')})")
+    if v == INCONCLUSIVE and a.get("check", "").startswith("predicted"):  # a contradicted prediction
+        return f"{where}: **inconclusive**: {a['check']}; no timed verdict settled it"
     if v == INCONCLUSIVE:
         more = "out of reach" if a["further"] is None else \
             f"about {a['further']} more prompt{'s' * (a['further'] > 1)} would settle it"
         return (f"{where}: **inconclusive** (best {a['configuration']}, "
                 f"{ci(a['speedup'], a['lo'], a['hi'], unit='x')}; {more})")
-    return f"{where}: **{v}**"
+    return f"{where}: **no verdict**, {v}: {a['why']}" if a.get("why") else f"{where}: **{v}**"
+
+
+def rests_on(a: dict) -> str:
+    """What a verdict rests on, and its timed check: 'predicted from every prompt; timed check: confirmed: ...'."""
+    check = a.get("check") or ""
+    if check.startswith("predicted"):  # the prediction was contradicted and the timed run decided
+        return f"{a['source']}, where {check}"
+    return f"{a['source']}" + (f"; timed check: {check}" if check else "")
 
 
 def section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
@@ -105,8 +135,9 @@ def section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
         return []
     vary = [k for k in VARY if len({r[k] for r in rows}) > 1]
     lines = ["## The answer", "",
-             f"Per category and sampling policy, {rows[0]['source']}; 95% confidence, at a least gain worth having "
-             f"of {rows[0]['min_gain']:.0%} (`--min-gain`). The tables below give every figure.", ""]
+             f"Per category and sampling policy; 95% confidence, at a least gain worth having of "
+             f"{rows[0]['min_gain']:.0%} (`--min-gain`). No verdict rests on a busy measurement, nor on a prediction "
+             "its own timed run contradicts. The tables below give every figure.", ""]
     for r in rows:
         where = ", ".join(f"{k} {r[k]}" for k in vary)
         lines.append(f"- {where + ': ' if where else ''}{sentence(r)}")

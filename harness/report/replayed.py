@@ -4,21 +4,30 @@ them, and the timed runs that confirm it."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import polars as pl
 
-from harness.analysis.verdict import INCONCLUSIVE, MIN_GAIN, NO_GAIN, PLAIN, SPECULATE, Evidence, decide
-from harness.report.verdicts import speculated
+from harness.analysis.verdict import (BEYOND, BUSY, INCONCLUSIVE, MIN_GAIN, NO_GAIN, PLAIN, SPECULATE, Evidence,
+                                      decide)
 from harness.report.fmt import beside, ci, f, table
 from harness.report.sections import timing_floor
+from harness.report.verdicts import LEVEL_BUSY, LEVEL_REPLAY, speculated
 
 GROUP = ["target", "ngl", "threads", "setup", "policy", "category"]
 SHOWN_GAMMAS = (1, 2, 4, 8)
 
 
+# How far a prediction may pass its bound (analysis.predict.speedup_bound) before it is a defect of its inputs:
+# the plain pace it is levelled to and the replay's own decode, minutes apart, differ by the machine's timing
+# floor (5-15% on these VMs: docs/findings/timing-floor.md) without anything being wrong.
+BOUND_SLACK = 0.15
+
+
 def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN) -> pl.DataFrame:
     """Per group, the verdict over every (proposer, gamma) the replay predicted, and the timed run of the
-    configuration it names, where there is one."""
+    configuration it names, where there is one. No verdict (BUSY) where the replay's costs were measured on a
+    busy machine; none (BEYOND) where a prediction passes what its own measured costs allow at any acceptance."""
     rows = []
     for key, g in r.group_by(GROUP, maintain_order=True):
         g = speculated(g, "proposed").with_row_index("_i")
@@ -27,6 +36,12 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN) -> pl.DataFr
         if v.chosen is None:
             continue
         x = g.row(int(v.chosen.config), named=True)
+        kind, why = _defect(g)
+        if kind:
+            v = replace(v, kind=kind, why=why)
+        elif "levelled" in g.columns and g["levelled"][0] == LEVEL_REPLAY:
+            v = replace(v, why="; ".join(w for w in (v.why, "levelled to the replay's own decode cost: the plain "
+                                                               "baseline ran on a busy machine") if w))
         rows.append(dict(zip(GROUP, key)) | {"verdict": v.kind, "proposer": x["proposer"], "gamma": x["gamma"],
                                              "adaptive": x["adaptive"],
                                              "speedup": x["speedup"], "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted,
@@ -36,6 +51,22 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN) -> pl.DataFr
                                              "timed": x["timed_speedup"], "timed_lo": x["timed_speedup_lo"],
                                              "timed_hi": x["timed_speedup_hi"]})
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def _defect(g: pl.DataFrame) -> tuple[str, str]:
+    """(kind, why) where a group's predictions cannot carry a verdict: its replay ran busy, or a prediction passes
+    its bound; ("", "") otherwise."""
+    if "levelled" in g.columns and g["levelled"][0] == LEVEL_BUSY:
+        return BUSY, "the replay ran while other processes used the CPU: its decode costs are not this machine's"
+    if "bound" not in g.columns:  # runs from before the bound
+        return "", ""
+    over = g.filter(pl.col("speedup") > pl.col("bound") * (1 + BOUND_SLACK))
+    if not len(over):
+        return "", ""
+    x = over.sort(pl.col("speedup") / pl.col("bound"), descending=True).row(0, named=True)
+    return BEYOND, (f"{x['proposer']} γ {x['gamma']} was predicted {x['speedup']:.2f}x, beyond the {x['bound']:.2f}x "
+                    "its own measured costs allow at any acceptance: the plain pace it was levelled to is not this "
+                    "machine's")
 
 
 def confirmation(r: dict) -> str:

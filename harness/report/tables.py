@@ -11,7 +11,7 @@ from harness.analysis import metrics, verdict
 from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
 from harness.concurrency.figures import concurrency_frame
 from harness.report.costs import cost_model
-from harness.report.verdicts import noise_frame, verdicts, verdicts_frame
+from harness.report.verdicts import LEVEL_BASELINE, noise_frame, replay_levels, verdicts, verdicts_frame
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records,
                             ok_units, read_plan)
 from harness.sampling import Policy
@@ -97,7 +97,7 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     conc = concurrency_frame(sweep, records, p_records, base_configs(cfg))
     if conc is not None:
         out["concurrency"] = conc
-    out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg, own_costs)
+    out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg, own_costs, out["noise"])
     out["timing_floor"] = m["timing_floor"]
     return out
 
@@ -209,10 +209,12 @@ def pool_sizes(plan: dict) -> dict[str, int]:
 
 
 def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataFrame, p_gens: pl.DataFrame,
-                  cfg: pl.DataFrame, own_costs: dict[str, dict]) -> dict[str, pl.DataFrame]:
+                  cfg: pl.DataFrame, own_costs: dict[str, dict], noise: pl.DataFrame | None = None
+                  ) -> dict[str, pl.DataFrame]:
     """"replay": predicted figures of every proposer and gamma, beside the timed rows of the same configuration
     where the sweep ran them; "replay_costs": the decode costs the predictions used. Empty without a replay.
-    own_costs: each timed configuration's decode costs, measured in its worker (calibrate.unit_costs)."""
+    own_costs: each timed configuration's decode costs, measured in its worker (calibrate.unit_costs). noise: per
+    configuration, whether it ran busy (noise_frame): a busy baseline levels nothing (replay_levels)."""
     from harness.analysis.predict import plain_decode_ms, predictions
     d = run_dir / REPLAY_DIR
     units = ok_units(d) if d.is_dir() else set()
@@ -220,7 +222,9 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
         return {}
     records = load_records(d, units)
     bases = cfg.filter(pl.col("draft") == "none")["config"].to_list()
-    plain = plain_decode_ms(gens.filter(pl.col("config").is_in(bases)))  # ms per decode of the plain baselines
+    levels = replay_levels(bases, noise, noise_records(run_dir))
+    clean = [b for b in bases if levels[b] == LEVEL_BASELINE]
+    plain = plain_decode_ms(gens.filter(pl.col("config").is_in(clean)))  # ms per decode of the clean baselines
     rows = predictions(records, plain, plan.get("params", {}).get("replay_gamma", 8))
     if not rows:
         return {}
@@ -228,7 +232,8 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
     costs = pl.DataFrame([{k: r[k] for k in ("config", "policy", "proposer", "contexts", "target_ms_by_context",
                                              "draft_ms_by_context", "overhead_ms")} | {"moved": moved(r)}
                           for r in records if r.get("type") == "costs"], infer_schema_length=None)
-    pred = pl.DataFrame(rows, infer_schema_length=None).rename({"config": "base"})
+    pred = pl.DataFrame(rows, infer_schema_length=None).rename({"config": "base"}).with_columns(
+        pl.col("base").replace_strict(levels, default=LEVEL_BASELINE).alias("levelled"))
     base_of = base_configs(cfg)
     timed = sweep.filter(pl.col("draft") != "none").with_columns(
         pl.col("config").replace_strict(base_of, default=None).alias("base")).select(

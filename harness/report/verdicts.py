@@ -47,6 +47,23 @@ def noise_frame(units: dict[str, dict], p_gens: pl.DataFrame, cfg: pl.DataFrame)
     return frame
 
 
+LEVEL_BASELINE, LEVEL_REPLAY, LEVEL_BUSY = "plain baseline", "replay costs", "busy"
+
+
+def replay_levels(bases: list[str], noise: pl.DataFrame | None, records: dict[str, dict]) -> dict[str, str]:
+    """Per plain baseline, what its replay's predictions are levelled to: its measured plain pace; the replay's
+    own measured decode, where the baseline ran busy (a pace slowed by others would pass for a cheap speculative
+    step); or nothing, where the replay itself ran busy (its costs are then not this machine's)."""
+    busy = set() if noise is None or not len(noise) else \
+        {r["config"] for r in noise.iter_rows(named=True) if r["busy"]}
+    out = {}
+    for b in bases:
+        rec = records.get(f"replay/{b}")
+        out[b] = LEVEL_BUSY if rec is not None and unit_summary(rec)["busy"] else \
+            LEVEL_REPLAY if b in busy else LEVEL_BASELINE
+    return out
+
+
 def speculated(g: pl.DataFrame, proposed: str) -> pl.DataFrame:
     """The configurations of a group that proposed anything: one that never did (an adaptive controller that
     judged speculation not worth a probe) decoded plainly, and is evidence neither way; all of them if none did."""
