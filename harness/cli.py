@@ -10,6 +10,32 @@ from harness.engine import CACHE_TYPES
 from harness.errors import HarnessError
 
 
+def _home(ctx, param, value):
+    """~ in a path option, expanded as the shell does unquoted ('~/x' and --out=~/x reach us as they are)."""
+    import os
+    if isinstance(value, tuple):
+        return tuple(os.path.expanduser(v) for v in value)
+    return None if value is None else os.path.expanduser(value)
+
+
+# Seen at import, before main() puts /dev/null in place of a closed standard stream
+STDOUT_CLOSED = sys.stdout is None
+
+
+def _say(text: str) -> None:
+    """What a command prints as its result: one that cannot be written (stdout closed, a full disk, a closed pipe)
+    is an error, not exit 0 with nothing shown."""
+    out = sys.stdout
+    try:
+        if out is None or STDOUT_CLOSED:
+            raise OSError("it is closed")
+        out.write(text + "\n")
+        out.flush()
+    except OSError as e:
+        raise HarnessError(f"cannot write the output to standard output ({e.strerror or e}): give the command an "
+                           "open, writable standard output") from None
+
+
 @click.group()
 @click.version_option(package_name="harness")
 def cli():
@@ -26,7 +52,7 @@ def models_list():
     """Name, family, arch, quant, bytes, present, verified."""
     from harness.models.catalog import load_catalog
     from harness.models.manage import list_rows
-    click.echo(tabulate(list_rows(load_catalog()), headers="keys", tablefmt="github"))
+    _say(tabulate(list_rows(load_catalog()), headers="keys", tablefmt="github"))
 
 
 @models.command("fetch")
@@ -36,7 +62,7 @@ def models_fetch(names, all_):
     """Download (or build) models, verify sha256, rename into the models directory."""
     from harness.models.manage import fetch_models
     for line in fetch_models(list(names), all_):
-        click.echo(line)
+        _say(line)
 
 
 @models.command("verify")
@@ -45,7 +71,7 @@ def models_verify(names):
     """Recompute sha256 of present models (or the named ones) against the catalog."""
     from harness.models.manage import verify_models
     rows, ok = verify_models(list(names))
-    click.echo(tabulate(rows, headers="keys", tablefmt="github"))
+    _say(tabulate(rows, headers="keys", tablefmt="github"))
     if not ok:
         raise HarnessError("verification failed for at least one model (see the table)")
 
@@ -56,7 +82,7 @@ def models_verify(names):
 def models_info(ref, as_json):
     """Arch, layers, vocab, tokenizer, quant and context length of NAME or PATH."""
     from harness.models.manage import info_text
-    click.echo(info_text(ref, as_json))
+    _say(info_text(ref, as_json))
 
 
 CACHE_HELP = ", ".join(CACHE_TYPES)
@@ -131,14 +157,14 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
 @cli.command()
 @click.argument("target")
 @click.argument("draft")
-@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False),
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), callback=_home,
               help="A prompt JSONL file for the round trip.")
 @click.option("--json", "as_json", is_flag=True)
 def check(target, draft, prompts_path, as_json):
     """Tokenizer alignment of TARGET and DRAFT: exit 0 aligned, 2 misaligned."""
     from harness.align import check_command
     text, code = check_command(target, draft, prompts_path, as_json)
-    click.echo(text)
+    _say(text)
     sys.exit(code)
 
 
@@ -279,8 +305,9 @@ def archive(run_dir):
 @click.option("--ngl", type=int, default=0)
 @click.option("--k-max", type=int, default=16, show_default=True)
 @click.option("--reps", type=int, default=5, show_default=True)
-@click.option("--out", help="Directory to write the calibration to (default reports/calibration); the file names "
-                            "its machine, so it can travel to `harness predict` elsewhere.")
+@click.option("--out", callback=_home, help="Directory to write the calibration to (default reports/calibration); "
+                                            "the file names its machine, so it can travel to `harness predict` "
+                                            "elsewhere.")
 def calibrate(model, threads, ngl, k_max, reps, out):
     """The llama_decode cost of k = 1..k-max tokens with all logits; stored for the cost model."""
     from pathlib import Path
@@ -291,8 +318,8 @@ def calibrate(model, threads, ngl, k_max, reps, out):
     root.mkdir(parents=True, exist_ok=True)  # a --out that cannot be written fails now, not after the measuring
     c = cal.calibrate(model, threads, ngl, k_max, reps)
     path = cal.save(c, root)
-    click.echo(tabulate(cal.table_rows(c), headers=cal.table_headers(c), tablefmt="github"))
-    click.echo(f"{c['model']}, {c['threads']} threads, ngl {c['ngl']}: saved to {path}")
+    _say(tabulate(cal.table_rows(c), headers=cal.table_headers(c), tablefmt="github"))
+    _say(f"{c['model']}, {c['threads']} threads, ngl {c['ngl']}: saved to {path}")
 
 
 @cli.command()
@@ -310,32 +337,34 @@ def fidelity(reference, others, categories, per_category, max_tokens, threads):
 
 
 @cli.command()
-@click.argument("run_dirs", nargs=-1, required=True)
-@click.option("--out", default="reports/compare", show_default=True, help="Where compare.md (and tables) go.")
+@click.argument("run_dirs", nargs=-1, required=True, callback=_home)
+@click.option("--out", default="reports/compare", show_default=True, callback=_home,
+              help="Where compare.md (and tables) go.")
 @click.option("--format", "formats", default="md", show_default=True, help="Comma list: md, csv, json, parquet.")
 def compare(run_dirs, out, formats):
     """Runs from several machines side by side: each one's verdict per category and policy, with its interval,
     after checking that they used the same models, prompts and policies."""
     from harness.compare.runs import compare_command
-    click.echo(str(compare_command(list(run_dirs), out, tuple(x.strip() for x in formats.split(",") if x.strip()))))
+    _say(str(compare_command(list(run_dirs), out, tuple(x.strip() for x in formats.split(",") if x.strip()))))
 
 
 @cli.command()
-@click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--costs", "cal_paths", multiple=True, required=True,
+@click.argument("run_dir", type=click.Path(file_okay=False), callback=_home)
+@click.option("--costs", "cal_paths", multiple=True, required=True, callback=_home,
               help="A calibration file from the other machine (harness calibrate there), one per model; repeat.")
-@click.option("--against", type=click.Path(file_okay=False), help="A timed run on that machine, to check against.")
-@click.option("--out", default="reports/predict", show_default=True)
+@click.option("--against", type=click.Path(file_okay=False), callback=_home,
+              help="A timed run on that machine, to check against.")
+@click.option("--out", default="reports/predict", show_default=True, callback=_home)
 def predict(run_dir, cal_paths, against, out):
     """RUN_DIR's replayed acceptance with another machine's calibrated costs: that machine's predicted verdicts."""
     from harness.compare.predict import predict_command
-    click.echo(str(predict_command(run_dir, list(cal_paths), against, out)))
+    _say(str(predict_command(run_dir, list(cal_paths), against, out)))
 
 
 @cli.command()
-@click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--llama-server", "llama_server", help="llama.cpp's llama-server binary (default: the one `make "
-                                                     "native` built, then llama-server on PATH).")
+@click.argument("run_dir", type=click.Path(file_okay=False), callback=_home)
+@click.option("--llama-server", "llama_server", callback=_home,
+              help="llama.cpp's llama-server binary (default: the one `make native` built, then llama-server on PATH).")
 @click.option("--only", type=click.Choice(["all", "speculate"]), default="all", show_default=True,
               help="speculate: only the answers that say speculate; all: also the best configuration of every other "
                    "verdict.")
@@ -353,7 +382,7 @@ def crosscheck(run_dir, **opts):
     from pathlib import Path
 
     from harness.crosscheck import crosscheck_command
-    click.echo(crosscheck_command(Path(run_dir), **opts))
+    _say(crosscheck_command(Path(run_dir), **opts))
 
 
 def main(argv: list[str] | None = None):
