@@ -3,13 +3,15 @@ by side, and every way runs can differ refused in one line."""
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import CATEGORIES, D, POLICIES, T
-from tests.helpers import copy_run, harness, md_table, one_line_error
+from tests.helpers import ROOT, copy_run, harness, md_table, one_line_error
 
-pytestmark = pytest.mark.slow  # the threads-1 sweep they read is the fast tier's dearest run (77 s, Xeon VM)
+# the tests of two_runs are slow: the threads-1 sweep they read is the fast tier's dearest run (77 s, Xeon VM)
+slow = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +20,7 @@ def two_runs(timed_run_t1, timed_run):
     return [timed_run_t1, timed_run]
 
 
+@slow
 def test_compare_puts_each_machines_verdict_side_by_side(two_runs, tmp_path):
     r = harness("compare", *map(str, two_runs), "--out", str(tmp_path), "--format", "md,csv,json")
     assert r.returncode == 0, r.stderr
@@ -63,6 +66,7 @@ def _edit_plan(run, change):
     (run / "plan.json").write_text(json.dumps(plan))
 
 
+@slow
 def test_runs_that_measured_different_things_are_refused(two_runs, tmp_path):
     a, b = two_runs
     one_line_error(harness("compare", str(a), "--out", str(tmp_path)), "at least two")
@@ -87,6 +91,7 @@ def test_runs_that_measured_different_things_are_refused(two_runs, tmp_path):
     one_line_error(harness("compare", str(a), str(c), "--out", str(tmp_path)), "sampling policies", "T=0.9")
 
 
+@slow
 def test_a_run_from_before_prompt_digests_is_compared_by_id_and_says_so(two_runs, tmp_path):
     a, b = two_runs
     c = _copy(b, tmp_path, "old")
@@ -96,6 +101,7 @@ def test_a_run_from_before_prompt_digests_is_compared_by_id_and_says_so(two_runs
     assert "predates prompt digests (schema 1)" in (tmp_path / "out" / "compare.md").read_text()
 
 
+@slow
 def test_timed_rows_both_runs_measured_are_set_against_each_other(two_runs, tmp_path):
     a, b = two_runs
 
@@ -116,3 +122,85 @@ def test_timed_rows_both_runs_measured_are_set_against_each_other(two_runs, tmp_
     shorter = _copy(b, tmp_path, "shorter")
     _edit_plan(shorter, lambda p: p["params"].update(max_tokens=p["params"]["max_tokens"] // 2))
     assert section(b, shorter) is None  # other lengths: not the same measurement
+
+
+# -- runs and options the bad-input sweep found (issue 43), on copies of a small committed run: no sweep --------
+
+SMOKE = ROOT / "reports" / "runs" / "20261202-054828-vm"
+
+
+def _two_hosts(tmp_path):
+    """The committed run as two hosts' runs of one name (both hosts called vm), in hostA/ and hostB/."""
+    return [Path(shutil.copytree(SMOKE, tmp_path / h / "runs" / SMOKE.name)) for h in ("hostA", "hostB")]
+
+
+@pytest.mark.parametrize("paths, want", [
+    (["a/x", "b/y"], ["x", "y"]),
+    (["/h/A/runs/vm", "/h/B/runs/vm", "/h/B/runs/other"], ["vm (A/runs)", "vm (B/runs)", "other"]),
+    (["/p/a/x/vm", "/p/b/x/vm", "/p/a/y/vm"], ["vm (a/x)", "vm (b/x)", "vm (a/y)"]),
+    (["/vm", "/d/vm"], ["vm (/)", "vm (d)"]),
+], ids=["apart", "two-hosts", "three", "at-the-root"])
+def test_runs_of_one_name_are_told_apart(paths, want):
+    from harness.compare.runs import labels
+    assert labels([Path(p) for p in paths]) == want
+
+
+def test_two_hosts_runs_of_one_name_keep_their_own_columns(tmp_path):
+    a, b = _two_hosts(tmp_path)
+    r = harness("compare", a, b, "--out", tmp_path / "out", "--format", "md,json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads((tmp_path / "out" / "compare.json").read_text())
+    names = [f"{SMOKE.name} (hostA/runs)", f"{SMOKE.name} (hostB/runs)"]
+    assert [m["run"] for m in data["machines"]] == names
+    per_run = {n: [v for v in data["verdicts"] if v["run"] == n] for n in names}
+    assert len(per_run[names[0]]) == len(per_run[names[1]]) > 0
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert [m["run"] for m in md_table(md, "## Machines")] == names
+    assert all(x["A"] and x["B"] for x in md_table(md, "# Speculative decoding across machines"))
+
+
+def _gz_empty(f: Path) -> None:
+    f.write_bytes(b"")
+
+
+def _gz_of_nothing(f: Path) -> None:
+    import gzip
+    f.write_bytes(gzip.compress(b""))
+
+
+def _plain_cut_to_nothing(f: Path) -> None:
+    f.with_name(f.name.removesuffix(".gz")).write_text("")
+    f.unlink()
+
+
+# (what is done to hostB's copy: the damage, the trace it is done to) and the words of the one line
+DAMAGED = {
+    "empty-gz": (_gz_empty, "traces/g3-6d79a589cf.jsonl.gz", ["traces/g3-6d79a589cf.jsonl.gz holds no record"]),
+    "gz-of-nothing": (_gz_of_nothing, "traces/base-493ec14085.jsonl.gz",
+                      ["traces/base-493ec14085.jsonl.gz holds no record"]),
+    "paired-gz-empty": (_gz_empty, "paired/traces/g3-6d79a589cf.jsonl.gz",
+                        ["paired/traces/g3-6d79a589cf.jsonl.gz holds no record"]),
+    "plain-trace-empty": (_plain_cut_to_nothing, "traces/g3-9c0aa52177.jsonl.gz",
+                          ["traces/g3-9c0aa52177.jsonl holds no record"]),
+}
+
+
+@pytest.mark.parametrize("damage, trace, words", list(DAMAGED.values()), ids=list(DAMAGED))
+def test_a_run_whose_trace_holds_nothing_is_refused(damage, trace, words, tmp_path):
+    """Its configuration would drop out of the verdicts without a word: refused, naming the trace, nothing
+    written."""
+    a, b = _two_hosts(tmp_path)
+    damage(b / trace)
+    one_line_error(harness("compare", a, b, "--out", tmp_path / "out"), str(b), *words, "restore the file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_home_in_compares_paths_is_expanded(tmp_path):
+    """'~/x' reaches the harness unexpanded when quoted or after --out=: it is the home folder, not a folder
+    named ~."""
+    _two_hosts(tmp_path / "home")
+    runs = [f"~/hostA/runs/{SMOKE.name}", f"~/hostB/runs/{SMOKE.name}"]
+    r = harness("compare", *runs, "--out=~/cmp", cwd=tmp_path, env={"HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "home" / "cmp" / "compare.md").is_file() and not (tmp_path / "~").exists()
+    assert r.stdout.strip() == str(tmp_path / "home" / "cmp" / "compare.md")

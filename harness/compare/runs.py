@@ -24,10 +24,11 @@ class Run:
     verdicts: pl.DataFrame | None = None  # one row per (target, setup, offload, threads, policy, category)
     source: str = ""  # "replayed" (predicted from every prompt) or "timed"
     timed: pl.DataFrame | None = None  # its timed speculative rows: (config, category) -> speedup
+    label: str = ""  # its name, told apart from another run's of the same name (labels)
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return self.label or self.path.name
 
     def machine(self) -> dict:
         from harness.sysinfo import header
@@ -35,7 +36,25 @@ class Run:
                                                                           "schema": self.plan.get("schema", 1)}
 
 
-def open_run(path: Path) -> Run:
+def labels(paths: list[Path]) -> list[str]:
+    """Each run's directory name; where several share one (two hosts both called vm write runs of one name), the
+    name with as many of its parent folders as tell them apart: "20261202-vm (hostA/runs)"."""
+    names = [p.name for p in paths]
+    out = list(names)
+    for name in set(names):
+        group = [i for i, n in enumerate(names) if n == name]
+        if len(group) < 2:
+            continue
+        ups = {i: paths[i].resolve().parent.parts for i in group}
+        k, most = 1, max(len(u) for u in ups.values())
+        while len({ups[i][-k:] for i in group}) < len(group) and k < most:
+            k += 1
+        for i in group:
+            out[i] = f"{name} ({Path(*ups[i][-k:])})"
+    return out
+
+
+def open_run(path: Path, label: str = "") -> Run:
     """A run directory's plan: what it measured, checked against the others before anything is computed."""
     if not path.is_dir():
         raise HarnessError(f"{path}: no such run directory")
@@ -43,13 +62,47 @@ def open_run(path: Path) -> Run:
     if "instances" not in plan or "models" not in plan:
         raise HarnessError(f"{path}: plan.json lacks {'instances' if 'instances' not in plan else 'models'} "
                            "(not a run this harness can compare)")
-    return Run(path, plan)
+    return Run(path, plan, label=label)
+
+
+def _holds_a_record(f: Path) -> bool:
+    """Whether a trace, plain or gzipped, has a line that parses (read up to the first)."""
+    import gzip
+    import zlib
+    try:
+        with (gzip.open(f, "rt", encoding="utf-8", errors="replace") if f.name.endswith(".gz")
+              else open(f, encoding="utf-8", errors="replace")) as lines:
+            for line in lines:
+                try:
+                    json.loads(line)
+                    return True
+                except json.JSONDecodeError:
+                    continue
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise HarnessError(f"{f} is damaged ({e}): it does not decompress; restore it from git") from None
+    return False
+
+
+def require_traces(run: Run) -> None:
+    """Refuse a run where a finished unit's trace holds no record (an empty .gz, a file cut to nothing): its
+    configuration would drop out of the verdicts without a word."""
+    from harness.rundir import DRIFT_DIR, PAIRED_DIR, REPLAY_DIR, ok_units, trace_file
+    mine = ok_units(run.path)
+    for d, units in ((run.path, mine), (run.path / PAIRED_DIR, mine), (run.path / DRIFT_DIR, None),
+                     (run.path / REPLAY_DIR, None)):
+        for u in sorted(ok_units(d) if units is None else units):
+            f = trace_file(d, u)
+            if f is not None and not _holds_a_record(f):
+                raise HarnessError(f"{run.path}: the trace {f.relative_to(run.path)} holds no record, so what {u} "
+                                   "measured would be left out of the comparison: restore the file (from git, or the "
+                                   "machine that ran it)")
 
 
 def load_verdicts(run: Run) -> None:
     """Its verdicts recomputed from its traces: the replay's where the run has one (they rest on every prompt),
     else the timed ones."""
     from harness.report.tables import compute
+    require_traces(run)
     data = compute(run.path)
     sweep = data.get("sweep")
     if sweep is not None:
@@ -230,7 +283,8 @@ def compare_command(run_dirs: list[str], out: str, formats: tuple[str, ...]) -> 
             twice = f"{d} is given twice" if seen[key] == d else f"{seen[key]} and {d} are the same run"
             raise HarnessError(f"{twice}: compare each run once")
         seen[key] = d
-    runs = [open_run(Path(d)) for d in run_dirs]
+    paths = [Path(d) for d in run_dirs]
+    runs = [open_run(p, label) for p, label in zip(paths, labels(paths))]
     notes = require_comparable(runs)
     for r in runs:
         load_verdicts(r)
