@@ -171,3 +171,42 @@ def test_mismatched_inputs_are_refused(machine, tmp_path):
         ms_last_by_context=[m[:2] for m in c["ms_last_by_context"]]))
     one_line_error(harness("predict", str(run), "--costs", t, "--costs", short), "--k-max 4")
     one_line_error(harness("predict", str(run), "--costs", t, "--costs", d, "--against", str(run)), "timed at")
+
+
+# (what replaces fields of a good calibration, the words of the one line naming its file): refused where the file
+# is read, before any run is opened or any cost computed (issue 43)
+BAD_CALIBRATIONS = {
+    "contexts-empty": ({"contexts": [], "ms_by_context": [], "ms_last_by_context": []}, ["contexts list is empty"]),
+    "contexts-not-a-list": ({"contexts": 128}, ["contexts list is 128"]),
+    "contexts-and-rows-differ": ({"contexts": [128]}, ["not one positive time per k and context", "1 context(s)"]),
+    "contexts-decreasing": ({"contexts": [1024, 128]}, ["contexts [1024, 128]", "increasing"]),
+    "contexts-strings": ({"contexts": ["128", "1024"]}, ["contexts ['128', '1024']", "increasing"]),
+    "k-not-from-one": ({"k": [2, 3, 4]}, ["k [2, 3, 4] is not 1..N"]),
+    "cost-not-finite": ({"ms_by_context": [[5.0, float("nan"), 7.0], [6.0, 7.0, 8.0]]}, ["positive time"]),
+    "spread-misshapen": ({"ms_sd_by_context": [[0.1]]}, ["ms_sd_by_context", "one spread"]),
+    "threads-a-string": ({"threads": "1"}, ["its threads is '1'"]),
+    "machine-not-an-object": ({"machine": "vm"}, ["machine record lacks its fields"]),
+    "machine-without-host": ({"machine": {"cpu": "c", "date": "d", "llama-cpp-python": "0"}},
+                             ["machine record lacks host"]),
+}
+
+
+@pytest.mark.parametrize("change, words", list(BAD_CALIBRATIONS.values()), ids=list(BAD_CALIBRATIONS))
+def test_a_calibration_that_cannot_price_a_step_is_refused_naming_its_file(change, words, tmp_path):
+    from tests.test_hardening_outputs import _calibration
+    (tmp_path / "run").mkdir()
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(_calibration(**change)))
+    r = harness("predict", tmp_path / "run", "--costs", cal, "--out", tmp_path / "out")
+    one_line_error(r, f"--costs {cal}:", *words, "harness calibrate")
+    assert not (tmp_path / "out").exists()
+
+
+def test_home_in_predicts_paths_is_expanded(tmp_path):
+    """'~/cal.json' is the home folder's file: refused for what it holds, not as a file named ~/cal.json here."""
+    from tests.test_hardening_outputs import _calibration
+    (tmp_path / "run").mkdir()
+    (tmp_path / "cal.json").write_text(json.dumps(_calibration(contexts=[])))
+    r = harness("predict", "~/run", "--costs", "~/cal.json", "--out", "~/out", cwd=tmp_path / "run",
+                env={"HOME": str(tmp_path)})
+    one_line_error(r, f"--costs {tmp_path / 'cal.json'}:", "contexts list is empty")

@@ -5,6 +5,7 @@ predictions recomputed; with --against, a timed run on that machine is put besid
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import polars as pl
@@ -45,23 +46,52 @@ def load_calibrations(paths: list[str]) -> tuple[dict[str, dict], dict]:
     return cals, machine
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _require_costs(p: str, c: dict) -> None:
-    """A calibration's decode costs: one positive time per k at each context (a zero would divide by zero)."""
+    """A calibration's fields as `harness calibrate` writes them, each refused in one line naming the file: the
+    contexts it timed at (a non-empty increasing list), k = 1..N, one positive time per k at each context (a zero
+    would divide by zero), its machine."""
     fields = ("model", "threads", "ngl", "contexts", "k", "ms_by_context", "ms_last_by_context")
     missing = [f for f in fields if f not in c]
     if missing:
         raise HarnessError(f"--costs {p}: not a whole calibration (no {', '.join(missing)}): run `harness calibrate` "
                            "again on that machine")
-    rows = (c["ms_by_context"], c["ms_last_by_context"])
-    n = len(c["k"]) if isinstance(c["k"], list) else -1
-    ok = n > 0 and isinstance(c["contexts"], list) and all(
-        isinstance(r, list) and len(r) == len(c["contexts"]) and all(
-            isinstance(row, list) and len(row) == n and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in row) for row in r)
-        for r in rows)
-    if not ok:
-        raise HarnessError(f"--costs {p}: its decode costs are not one positive time per k and context (a zero or "
-                           "a missing time cannot be a cost): run `harness calibrate` again on that machine")
+    again = "run `harness calibrate` again on that machine"
+    m = c["machine"]
+    lacks = [k for k in ("host", "cpu", "date", "llama-cpp-python") if k not in m] if isinstance(m, dict) else None
+    if lacks is None or lacks:
+        raise HarnessError(f"--costs {p}: its machine record lacks {', '.join(lacks) if lacks else 'its fields'}: "
+                           f"{again}")
+    def whole(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+    for k, ok in (("model", isinstance(c["model"], str) and c["model"]), ("threads", whole(c["threads"])),
+                  ("ngl", whole(c["ngl"]))):
+        if not ok:
+            raise HarnessError(f"--costs {p}: its {k} is {c[k]!r}, not what `harness calibrate` writes: {again}")
+    ctx = c["contexts"]
+    if not isinstance(ctx, list) or not ctx:
+        raise HarnessError(f"--costs {p}: its contexts list is {'empty' if ctx == [] else repr(ctx)}, so it holds no "
+                           f"cost at any context: {again}")
+    if not all(_number(x) and x > 0 for x in ctx) or any(a >= b for a, b in zip(ctx, ctx[1:])):
+        raise HarnessError(f"--costs {p}: its contexts {ctx!r} are not an increasing list of token counts above 0: "
+                           f"{again}")
+    n = len(c["k"]) if isinstance(c["k"], list) else 0
+    if not n or c["k"] != list(range(1, n + 1)):
+        raise HarnessError(f"--costs {p}: its k {c['k']!r} is not 1..N (the block sizes it timed): {again}")
+
+    def shaped(r, ok) -> bool:  # one row per context, one value per k
+        return isinstance(r, list) and len(r) == len(ctx) and all(
+            isinstance(row, list) and len(row) == n and all(_number(x) and ok(x) for x in row) for row in r)
+    if not all(shaped(c[k], lambda x: x > 0) for k in ("ms_by_context", "ms_last_by_context")):
+        raise HarnessError(f"--costs {p}: its decode costs are not one positive time per k and context ({len(ctx)} "
+                           f"context(s), k up to {n}; a zero or a missing time cannot be a cost): {again}")
+    spread = [k for k in ("ms_sd_by_context", "ms_last_sd_by_context") if c.get(k) is not None
+              and not shaped(c[k], lambda x: x >= 0)]
+    if spread:
+        raise HarnessError(f"--costs {p}: its {spread[0]} is not one spread (0 or more) per k and context: {again}")
 
 
 def _require_match(plan: dict, cals: dict[str, dict], run: str) -> None:
