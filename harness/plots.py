@@ -91,14 +91,15 @@ def calibration(run_dir: Path, out: Path) -> Path | None:
 
 
 def verdicts(v: pl.DataFrame | None, out: Path) -> Path | None:
-    """The first screen's plot: per category and policy, the best configuration's speedup with its 95% interval
-    against 1.00x (plain decoding), coloured by verdict."""
+    """The first screen's plot: per category and policy, the answer's configuration's speedup with its 95%
+    interval against 1.00x (plain decoding), coloured by its verdict."""
     if v is None or not len(v) or v["lo"].is_null().all():
         return None
     plt = _plt()
     v = v.filter(pl.col("speedup").is_not_null())
     labels = [f"{r['category']} ({r['policy']})" for r in v.iter_rows(named=True)]
-    colour = {"speculate": "tab:green", "plain decoding": "tab:red", "inconclusive": "tab:grey"}
+    colour = {"speculate": "tab:green", "plain decoding": "tab:red", "no gain worth having": "tab:blue",
+              "inconclusive": "tab:grey"}
     fig, ax = plt.subplots(figsize=(6.5, 0.35 * len(v) + 1.2))
     for i, r in enumerate(v.iter_rows(named=True)):
         c = colour.get(r["verdict"], "tab:orange")
@@ -110,5 +111,6 @@ def verdicts(v: pl.DataFrame | None, out: Path) -> Path | None:
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("speedup over plain decoding (best configuration, 95% interval)")
-    ax.set_title("green: speculate, red: plain decoding, grey: inconclusive, orange: unreliable", fontsize=7)
+    ax.set_title("green: speculate, red: plain decoding, blue: no gain worth having, grey: inconclusive, "
+                 "orange: no verdict", fontsize=7)
     return save(fig, out / "verdicts.png")

@@ -4,7 +4,7 @@ sample, with the number of configurations the choice was among."""
 import json
 from types import SimpleNamespace
 
-from harness.bench.subset import choose, held_out_predictions
+from harness.bench.subset import answered, choose, held_out_predictions
 from harness.plan import Instance
 from harness.rundir import REPLAY_DIR, TRACES_DIR
 
@@ -14,7 +14,7 @@ BASE = INSTANCES[0].plain().id
 N = 30
 # the draft's match at each position: the timed prompt's every token (gamma 8 wins there); the other's two in
 # three, which a block of two, all accepted, catches best
-MATCH = {"lucky": [1] * 4 * N, "held": [1, 1, 0] * (N // 3)}
+MATCH = {"lucky": [1] * 4 * N, "lucky2": [1] * 4 * N, "held": [1, 1, 0] * (N // 3)}
 # a verification block costs the same at any size; the draft 2 ms a token, its catch-up after all were accepted 0.2
 COSTS = {"type": "costs", "proposer": "d", "contexts": [128], "target_ms_by_context": [[10.0] * 9],
          "draft_ms_by_context": [[2.0 + 0.2 * k for k in range(9)]], "overhead_ms": 0.0}
@@ -65,3 +65,12 @@ def test_a_category_without_other_prompts_is_chosen_in_sample(tmp_path):
     assert in_sample == {"code": 8, "chat": 8}  # one proposer, gammas 1-8
     for pid, gammas in (("lucky", {1, 8}), ("held", {1, 2})):  # each chosen on its one prompt
         assert timed_gammas({c: ids for c, ids in chosen.items() if pid in ids}) == gammas
+
+
+def test_the_configuration_a_predicted_speculate_names_is_timed_too(tmp_path):
+    """Over all three prompts the replay says speculate at gamma 3; chosen on the two it does not time, gamma 8:
+    gamma 3 is timed as well, so that the answer's own configuration has its timed check."""
+    run, prompts = run_dir(tmp_path, {"held": "code", "lucky": "code", "lucky2": "code"})
+    assert answered(run) == [(BASE, "greedy", "code", "d", 3)]
+    chosen, _ = choose(run, INSTANCES, prompts, 1)
+    assert timed_gammas(chosen) == {1, 3, 8} and all(ids == ["held"] for ids in chosen.values())

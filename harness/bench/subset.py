@@ -43,9 +43,37 @@ def choose(run_dir: Path, instances: list[Instance], prompts: list,
             config = by_key.get((base, policy, proposer, gamma))
             if config is not None:
                 chosen.setdefault(config, []).extend(firsts.get(cat, []))
+    # and what each predicted "speculate" would have its commands run, timed before the answer rests on it
+    # (over all prompts, as the answer is predicted; an adaptive gamma's best fixed one, as llama.cpp runs)
+    for (base, policy, cat, proposer, gamma) in answered(run_dir):
+        config = by_key.get((base, policy, proposer, gamma))
+        if config is not None and not set(firsts.get(cat, [])) <= set(chosen.get(config, [])):
+            chosen.setdefault(config, []).extend(firsts.get(cat, []))
     # a (proposer, gamma) per prediction row: each category's most rows of one target and policy
     tried = pred.filter(pl.col("category").is_in(list(in_sample))).group_by("config", "policy", "category").len()
     return chosen, dict(tried.group_by("category").agg(pl.col("len").max()).iter_rows())
+
+
+def answered(run_dir: Path) -> list[tuple[str, str, str, str, int]]:
+    """(baseline, policy, category, proposer, fixed gamma) of each group the replay predicts "speculate" for,
+    from all its prompts: the configuration its commands run."""
+    from harness.analysis.verdict import MIN_GAIN, SPECULATE
+    from harness.report.replayed import predicted_verdicts
+    from harness.rundir import read_plan
+    pred, _ = held_out_predictions(run_dir, {})
+    if pred is None:
+        return []
+    v = predicted_verdicts(pred, read_plan(run_dir).get("params", {}).get("min_gain", MIN_GAIN),
+                           group=["config", "policy", "category"])
+    out = []
+    for r in v.filter(pl.col("verdict") == SPECULATE).iter_rows(named=True):
+        fixed = pred.filter((pl.col("config") == r["config"]) & (pl.col("policy") == r["policy"])
+                            & (pl.col("category") == r["category"]) & (pl.col("proposer") == r["proposer"])
+                            & ~pl.col("adaptive")).sort("speedup", descending=True)
+        gamma = r["gamma"] if not r["adaptive"] else fixed["gamma"][0] if len(fixed) else None
+        if gamma is not None:
+            out.append((r["config"], r["policy"], r["category"], r["proposer"], int(gamma)))
+    return out
 
 
 def held_out_predictions(run_dir: Path, firsts: dict[str, list[str]]) -> tuple[pl.DataFrame | None, set[str]]:

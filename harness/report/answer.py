@@ -30,9 +30,10 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
         timed = {} if v is None or not len(v) else {tuple(r[k] for k in GROUP): r for r in v.iter_rows(named=True)}
         out = []
         for r in replay.iter_rows(named=True):
-            check = confirmation(r)
+            a, ran = _predicted(r, data["replay"], by_id, n_ctx)
+            check = confirmation(r | ran)  # of the configuration its commands run
             if not check.startswith("CONTRADICTED"):
-                out.append(_predicted(r, data["replay"], by_id, n_ctx) | {"check": check})
+                out.append(a | {"check": check})
                 continue
             said = (f"predicted {r['verdict']} ({r['proposer']} γ {r['gamma']}, "
                     f"{ci(r['speedup'], r['lo'], r['hi'], unit='x')}), but its timed run contradicted it "
@@ -49,11 +50,12 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
     return [_timed(r, by_id, n_ctx, sweep) | {"check": ""} for r in v.iter_rows(named=True)]
 
 
-def _predicted(r: dict, pred: pl.DataFrame, by_id: dict, n_ctx: int) -> dict:
-    """A replay verdict's answer."""
+def _predicted(r: dict, pred: pl.DataFrame, by_id: dict, n_ctx: int) -> tuple[dict, dict]:
+    """A replay verdict's answer, and the timed figures of the configuration its commands run (for an adaptive
+    gamma, the best fixed one: what the timed subset times)."""
     base = by_id.get(r["base"])
     group = (pl.col("base") == r["base"]) & (pl.col("category") == r["category"]) & (pl.col("draft") == r["draft"])
-    gamma, adaptive, note = r["gamma"], r["adaptive"], ""
+    gamma, adaptive, note, ran = r["gamma"], r["adaptive"], "", {}
     if adaptive:  # llama.cpp cannot adapt: its commands (and the crosscheck) run the best fixed gamma
         rule = pl.col("verify").fill_null("leviathan") == (r["verify"] or "leviathan")
         fixed = pred.filter(group & ~pl.col("adaptive") & rule).sort("speedup", descending=True)
@@ -62,11 +64,13 @@ def _predicted(r: dict, pred: pl.DataFrame, by_id: dict, n_ctx: int) -> dict:
             gamma, adaptive = x["gamma"], False
             note = (f"llama.cpp has no adaptive draft length: the commands run the best fixed gamma, {gamma} "
                     f"({ci(x['speedup'], x['speedup_lo'], x['speedup_hi'], unit='x')} predicted).")
+            ran = {"timed": x.get("timed_speedup"), "timed_lo": x.get("timed_speedup_lo"),
+                   "timed_hi": x.get("timed_speedup_hi")}
     inst = None if base is None else replace(base, draft=r["draft"], gamma=gamma, adaptive=adaptive,
                                              verify=r["verify"] or "leviathan")
     same = group & (pl.col("gamma") == gamma) & (pl.col("adaptive") == adaptive) & (pl.col("verify") == "exact")
     return _answer(r, f"{r['proposer']} γ {'auto<=' if r['adaptive'] else ''}{r['gamma']}", inst,
-                   "predicted from every prompt", n_ctx, pred.filter(same), note)
+                   "predicted from every prompt", n_ctx, pred.filter(same), note), ran
 
 
 def _timed(r: dict, by_id: dict, n_ctx: int, sweep: pl.DataFrame | None) -> dict:
