@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
@@ -114,6 +115,7 @@ def make_params(profile: dict, overrides: dict) -> Params:
                 v = [x for x in (v.split(",") if isinstance(v, str) else v) if x]
                 if not all(isinstance(x, str) for x in v):
                     raise HarnessError(f"{k} must be a list of names, got {src[k]!r} ({where})")
+                v = list(dict.fromkeys(v))  # one given twice is one
             elif not isinstance(v, SCALAR_TYPES[k]) or (SCALAR_TYPES[k] is not bool and isinstance(v, bool)):
                 want = {bool: "true or false", int: "an integer"}.get(SCALAR_TYPES[k], "a number")
                 raise HarnessError(f"{k} must be {want}, got {v!r} ({where})")
@@ -130,16 +132,19 @@ def make_params(profile: dict, overrides: dict) -> Params:
 
 def check(p: Params) -> None:
     """Values that cannot run, refused in one line before anything starts."""
+    _check_finite(p)
     for what, ok in (("--repeat must be >= 1", p.repeat >= 1), ("--max-tokens must be >= 0 (0 = each prompt's own)",
                      p.max_tokens >= 0), ("--per-category must be >= 0 (0 = every prompt)", p.per_category >= 0),
-                     (f"--kv-unified takes on, off or both, got {p.kv_unified}", set(p.kv_unified) <= {"on", "off"})):
+                     (f"--kv-unified takes on, off or both, got {p.kv_unified}", set(p.kv_unified) <= {"on", "off"}),
+                     (f"--seed must be >= 0, got {p.seed}", p.seed >= 0),
+                     (f"--max-tokens {p.max_tokens} leaves no room for a prompt in --n-ctx {p.n_ctx}: lower "
+                      "--max-tokens or raise --n-ctx", p.max_tokens < p.n_ctx)):
         if not ok:
             raise HarnessError(what)
     for key in ("threads", "ngl", "ngl_draft"):
         bad = [v for v in getattr(p, key) if v < 0]
         if bad:
             raise HarnessError(f"--{key.replace('_', '-')} values must be >= 0, got {bad[0]}")
-    import os
     cores = os.cpu_count() or 1
     if max(p.threads, default=0) > cores:
         raise HarnessError(f"--threads {max(p.threads)} exceeds this machine's {cores} logical cores: give at most "
@@ -155,6 +160,8 @@ def check(p: Params) -> None:
                            f"got {p.min_gain:g}")
     if p.replay_gamma < 1:
         raise HarnessError(f"--replay-gamma must be >= 1, got {p.replay_gamma}")
+    if p.replay_gamma != Params.replay_gamma and not p.replay:
+        raise HarnessError(f"--replay-gamma {p.replay_gamma} sets how far the replay goes: give --replay with it")
     if p.timed_subset < 0 or (p.timed_subset and not p.replay):
         raise HarnessError("--timed-subset N (N >= 1 prompts per category) times what the replay chose: give --replay")
     if p.timed_subset and p.until_confident:
@@ -176,6 +183,15 @@ def check(p: Params) -> None:
     check_parallel(p)
     if not 0 < p.busy_threshold <= 1:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
+
+
+def _check_finite(p: Params) -> None:
+    """nan passes every range check (each comparison is false) and inf slips past most: every float refused."""
+    for f in fields(p):
+        v = getattr(p, f.name)
+        for x in v if isinstance(v, list) else [v]:
+            if isinstance(x, float) and not math.isfinite(x):
+                raise HarnessError(f"--{f.name.replace('_', '-')} must be a finite number, got {x}")
 
 
 def require_fits_batch(gamma: int) -> None:
