@@ -12,7 +12,7 @@ CATEGORIES = ("code", "multilingual", "creative", "domain", "grounded", "long_co
 
 
 def prompts_dir() -> Path:
-    return Path(os.environ.get("HARNESS_PROMPTS_DIR", "prompts"))
+    return Path(os.environ.get("HARNESS_PROMPTS_DIR") or "prompts")  # set but empty is unset, not "."
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ def _parse(line: str, where: str) -> Prompt:
         raise HarnessError(f"{where}: 'id' must be a non-empty string")
     if not isinstance(cat, str) or not cat:
         raise HarnessError(f"{where}: 'category' must be a non-empty string")
+    bad = next((c for c in cat if c == "|" or not c.isprintable()), None)  # it names rows of Markdown tables
+    if bad:
+        raise HarnessError(f"{where}: category {json.dumps(cat)} holds {json.dumps(bad)}, which would break the "
+                           "report's tables: rename the category")
     msgs = d.get("messages", [])
     text = d.get("text", "")
     if not isinstance(text, str) or not isinstance(msgs, list):
@@ -130,13 +134,15 @@ def load_file(path: Path) -> list[Prompt]:
 
 def load(categories: list[str] | None = None, paths: list[Path] | None = None, per_category: int = 0) -> list[Prompt]:
     """Prompts from explicit files, or from prompts/<category>.jsonl; the first per_category of each (0 = all)."""
+    categories = list(dict.fromkeys(categories or []))  # a category or file given twice is read once
     if paths:
-        prompts = [p for path in paths for p in load_file(Path(path))]
+        paths = list({Path(p).resolve(): Path(p) for p in paths}.values())
+        prompts = [p for path in paths for p in load_file(path)]
     else:
         cats = categories or list(CATEGORIES)
         d = prompts_dir()
         if not d.is_dir():
-            how = "set by HARNESS_PROMPTS_DIR" if "HARNESS_PROMPTS_DIR" in os.environ else \
+            how = "set by HARNESS_PROMPTS_DIR" if os.environ.get("HARNESS_PROMPTS_DIR") else \
                 "the default, relative to the current directory"
             state = "is not a directory" if d.exists() else "does not exist"
             raise HarnessError(f"the prompts directory {d} ({how}) {state}: run from the project root, point "
