@@ -10,6 +10,7 @@ its traces are traces/<unit>.jsonl, or traces/<unit>.jsonl.gz once `harness arch
 (results.jsonl, noise.jsonl and plan.json stay plain). Every reader finds a trace through trace_file."""
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import time
@@ -29,18 +30,22 @@ TRACES_DIR = "traces"  # in the run directory and in each side run (drift/, pair
 
 
 def new_run_dir(root: Path) -> Path:
-    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname().split('.')[0]}"
-    d = root / name
-    try:
-        d.mkdir(parents=True, exist_ok=False)
-        (d / "traces").mkdir()
-    except OSError as e:
-        raise HarnessError(f"cannot create the run directory {d}: {e.strerror}; choose a writable --out") from None
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname().split('.')[0]}"
+    for k in itertools.count(1):
+        d = root / (stem if k == 1 else f"{stem}-{k}")
+        try:
+            d.mkdir(parents=True, exist_ok=False)
+            (d / "traces").mkdir()
+        except FileExistsError:
+            continue  # another bench started in the same second: the next suffix
+        except OSError as e:
+            raise HarnessError(f"cannot create the run directory {d}: {e.strerror}; choose a writable --out") from None
+        break
     latest = root / "latest"
     try:
         if latest.is_symlink() or latest.exists():
             latest.unlink()
-        latest.symlink_to(name)
+        latest.symlink_to(d.name)
     except OSError:
         pass  # a convenience link only
     return d
@@ -83,8 +88,13 @@ def read_plan(run_dir: Path) -> dict:
     f = run_dir / "plan.json"
     if not f.exists():
         raise HarnessError(f"{run_dir} is not a benchmark run directory (no plan.json)")
+    if not f.is_file():
+        raise HarnessError(f"{f} is not a readable plan file (a directory or other non-file): {run_dir} is not a "
+                           "run that can be resumed or reported")
     try:
         plan = json.loads(f.read_text())
+    except OSError as e:
+        raise HarnessError(f"cannot read {f}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HarnessError(f"{f} is damaged ({getattr(e, 'msg', e)}): the run's plan cannot be read; its traces "
                            "are still in the directory, but resuming or reporting it needs the plan") from None
@@ -92,7 +102,29 @@ def read_plan(run_dir: Path) -> dict:
     if missing:
         raise HarnessError(f"{f} lacks {', '.join(missing)}: it was not written by `harness bench` or was cut "
                            "short; the run cannot be resumed or reported")
+    if isinstance(plan.get("schema"), int) and plan["schema"] > RUN_SCHEMA:
+        raise HarnessError(f"{f} is of run schema {plan['schema']}, made by a newer harness than this one (schema "
+                           f"{RUN_SCHEMA}): upgrade the harness to resume or report it")
+    _known_keys(f, plan)
     return plan
+
+
+def _known_keys(f: Path, plan: dict) -> None:
+    """Params(**...) and Instance(**...) of a plan would fail on a key they do not know or a field missing."""
+    from dataclasses import MISSING, fields
+
+    from harness.plan import Instance, Params
+    for what, rows, cls in (("params", [plan["params"]], Params), ("instances", plan["instances"], Instance)):
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise HarnessError(f"{f}: '{what}' is not as `harness bench` writes it: restore the plan")
+        unknown = sorted({k for r in rows for k in r} - {x.name for x in fields(cls)})
+        if unknown:
+            raise HarnessError(f"{f}: '{what}' has unknown key(s) {', '.join(unknown)}: the plan was edited or made "
+                               "by a newer harness; restore it, or upgrade the harness")
+        required = {x.name for x in fields(cls) if x.default is MISSING and x.default_factory is MISSING}
+        lacking = sorted({k for r in rows for k in required - set(r)})
+        if lacking:
+            raise HarnessError(f"{f}: '{what}' lacks {', '.join(lacking)}: the plan was edited; restore it")
 
 
 def plan_rounds(plan: dict) -> list[list[str]]:
