@@ -5,6 +5,8 @@ wrapper script the test writes, given as --llama-server), and told what to do by
 - FAKE_SERVER_MODE: ok (default); exit (print an error, exit 3 at once); silent (never answers /health).
 - FAKE_SERVER_SPEEDUP: the speculative server's speedup before the per-prompt factor (default 1.5).
 - FAKE_SERVER_LOG: a file to which each request appends a JSON line (role, argv, the request's body).
+- FAKE_SERVER_TIMINGS: a JSON object whose fields replace those of every response's timings (a server that
+  reports what is no measurement).
 - FAKE_SERVER_COUNTER and FAKE_SERVER_LIMIT: requests counted across servers in that file; the one past the limit
   kills the server before it answers (a server that dies mid-run).
 
@@ -33,6 +35,10 @@ def timings(n_prompt: int, n: int) -> dict:
         return t | {"predicted_ms": float(plain_ms)}
     speedup = float(os.environ.get("FAKE_SERVER_SPEEDUP", "1.5")) * factor(n_prompt)
     return t | {"predicted_ms": plain_ms / speedup, "draft_n": 10 + n_prompt % 3, "draft_n_accepted": 6 + n_prompt % 2}
+
+
+def reported(n_prompt: int, n: int) -> dict:
+    return timings(n_prompt, n) | json.loads(os.environ.get("FAKE_SERVER_TIMINGS", "{}"))
 
 
 def count() -> None:
@@ -71,7 +77,7 @@ class Handler(BaseHTTPRequestHandler):
         count()
         n_prompt, n = len(body["prompt"]), body["n_predict"]
         self._send(200, {"content": "x", "tokens": list(range(n)), "stop_type": "limit",
-                         "timings": timings(n_prompt, n)})
+                         "timings": reported(n_prompt, n)})
 
     def log_message(self, *args):
         pass

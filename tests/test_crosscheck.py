@@ -207,3 +207,127 @@ def test_real_llama_server(run):
         if row["policy"] == "greedy":
             assert row["llama"]["same_output"][0] >= 1
     assert "Verdicts in llama.cpp" in (run / "crosscheck.md").read_text()
+
+
+# -- bad input and a server's bad answers (issue 43): each one line, nothing stored that is not a measurement --
+
+SMOKE = Path(__file__).resolve().parent.parent / "reports" / "runs" / "20261202-054828-vm"  # committed and small
+
+
+@pytest.fixture
+def smoke(tmp_path) -> Path:
+    """A copy of a committed run: crosscheck's refusals need no sweep of their own."""
+    import shutil
+    return Path(shutil.copytree(SMOKE, tmp_path / SMOKE.name))
+
+
+class Reply:
+    """One server, answering every request with the given timings."""
+    role, binary = "plain", Path("llama-server")
+
+    def __init__(self, timings: dict):
+        self.timings = timings
+
+    def complete(self, payload, what, timeout_s):
+        return {"timings": self.timings, "tokens": [1, 2]}
+
+
+GOOD = {"predicted_n": 11, "predicted_ms": 20.0, "prompt_n": 7, "prompt_ms": 1.0, "draft_n": 10,
+        "draft_n_accepted": 6}
+# (what replaces the good timings, the words the refusal names)
+NO_MEASUREMENT = {
+    "nothing-generated": ({"predicted_n": 0, "predicted_ms": 0}, ["timings.predicted_n 0", "no token"]),
+    "tokens-in-no-time": ({"predicted_ms": 0}, ["timings.predicted_ms 0 for 11 tokens"]),
+    "more-accepted-than-drafted": ({"draft_n": 2, "draft_n_accepted": 10},
+                                   ["timings.draft_n_accepted 10 above timings.draft_n 2"]),
+    "negative-time": ({"predicted_ms": -4.0}, ["timings.predicted_ms -4.0", "below 0"]),
+    "negative-count": ({"draft_n": -1, "draft_n_accepted": 0}, ["timings.draft_n -1", "below 0"]),
+    "time-a-string": ({"predicted_ms": "12.5"}, ["timings.predicted_ms '12.5'", "not a finite number"]),
+    "count-a-string": ({"predicted_n": "11"}, ["timings.predicted_n '11'", "not a whole number"]),
+    "count-a-fraction": ({"draft_n": 2.5}, ["timings.draft_n 2.5", "not a whole number"]),
+    "time-not-finite": ({"predicted_ms": math.inf}, ["timings.predicted_ms inf", "not a finite number"]),
+    "prompt-count-a-string": ({"prompt_n": "7"}, ["timings.prompt_n '7'"]),
+    "drafts-null": ({"draft_n": None}, ["timings.draft_n None"]),
+}
+
+
+@pytest.mark.parametrize("change, words", list(NO_MEASUREMENT.values()), ids=list(NO_MEASUREMENT))
+def test_timings_that_are_no_measurement_are_refused(change, words):
+    from harness.crosscheck.run import ask
+    from harness.errors import HarnessError
+    with pytest.raises(HarnessError) as e:
+        ask(Reply(GOOD | change), "code-01", {}, 1.0)
+    for w in [*words, "llama-server (plain) answered prompt code-01", "not a measurement"]:
+        assert w in str(e.value), str(e.value)
+
+
+def test_timings_that_are_a_measurement_pass():
+    """A plain server reports no draft fields, an older one no prompt fields: both are measurements."""
+    from harness.crosscheck.run import ask
+    assert ask(Reply(GOOD), "p", {}, 1.0)["draft_n_accepted"] == 6
+    got = ask(Reply({"predicted_n": 1, "predicted_ms": 0.0}), "p", {}, 1.0)
+    assert (got["draft_n"], got["prompt_n"]) == (0, None)
+
+
+@pytest.mark.parametrize("timings, words", [
+    ('{"predicted_n": 0, "predicted_ms": 0}', ["timings.predicted_n 0"]),
+    ('{"predicted_ms": "12.5"}', ["timings.predicted_ms '12.5'"]),
+    ('{"draft_n": 2, "draft_n_accepted": 10}', ["draft_n_accepted 10 above timings.draft_n 2"]),
+], ids=["zero", "strings", "accepted-above-drafted"])
+def test_a_server_reporting_no_measurement_stores_nothing(smoke, fake, timings, words):
+    r = harness("crosscheck", smoke, "--llama-server", fake, "--per-category", "1",
+                env={"FAKE_SERVER_TIMINGS": timings})
+    one_line_error(r, *words, "not a measurement")
+    assert not (smoke / "crosscheck.json").exists()
+
+
+def test_stored_rows_that_are_no_measurement_are_dropped(tmp_path, capsys):
+    """Rows stored before such answers were refused are not kept as finished: each is dropped, saying why."""
+    from harness.crosscheck import output
+    from harness.crosscheck.run import kept_rows
+    good = {"key": "a", "category": "code", "policy": "greedy", "configuration": "ngram:2 γ 3",
+            "prompts": [{"id": "code-01", "plain": GOOD, "speculative": GOOD}]}
+    zero = good | {"key": "b", "prompts": [{"id": "code-02", "plain": GOOD | {"predicted_n": 0, "predicted_ms": 0},
+                                            "speculative": GOOD}]}
+    half = good | {"key": "c", "prompts": [{"id": "code-03", "plain": GOOD}]}
+    skip = {"key": "skip-chat", "category": "chat", "skip": "parallel 2: crosscheck sends one request at a time"}
+    output.save(tmp_path, [good, zero, half, skip])
+    assert kept_rows(tmp_path) == [good, skip]
+    err = capsys.readouterr().err
+    assert "prompt code-02, plain: timings.predicted_n 0 (no token generated)" in err
+    assert "prompt code-03, speculative: no timings" in err and err.count("dropped, measured again") == 2
+
+
+# (crosscheck's options after RUN, its environment; {tmp} is the test's directory, whose home/ holds a cached
+# `make native` build and whose empty/ holds nothing) and the words of the one line
+REFUSED = {
+    "start-timeout-nan": (["--start-timeout", "nan"], {}, ["--start-timeout", "above 0", "got nan"]),
+    "start-timeout-inf": (["--start-timeout", "inf"], {}, ["--start-timeout", "above 0", "got inf"]),
+    "request-timeout-nan": (["--request-timeout", "nan"], {}, ["--request-timeout", "above 0", "got nan"]),
+    "request-timeout-zero": (["--request-timeout", "0"], {}, ["--request-timeout", "above 0", "got 0"]),
+    "native-bin-without-server": ([], {"HARNESS_NATIVE_BIN": "{tmp}/empty"},
+                                  ["HARNESS_NATIVE_BIN={tmp}/empty", "no executable llama-server in that folder"]),
+    "native-bin-missing": ([], {"HARNESS_NATIVE_BIN": "{tmp}/nowhere"},
+                           ["HARNESS_NATIVE_BIN={tmp}/nowhere", "does not exist"]),
+    "native-bin-names-the-binary": ([], {"HARNESS_NATIVE_BIN": "{tmp}/home/.cache/harness/native/cpu/bin/llama-server"},
+                                    ["is a file, not the bin folder"]),
+    "llama-server-under-home": (["--llama-server", "~/.cache/harness/native/cpu/bin/llama-server"], {},
+                                ["{tmp}/home/.cache/harness/native/cpu/bin/llama-server is not llama.cpp's"]),
+}
+
+
+@pytest.mark.parametrize("args, env, words", list(REFUSED.values()), ids=list(REFUSED))
+def test_bad_options_and_environment_are_one_line(args, env, words, tmp_path):
+    """Refused before any server starts; a HARNESS_NATIVE_BIN without llama-server is never passed over for the
+    cached build."""
+    cached = tmp_path / "home" / ".cache" / "harness" / "native" / "cpu" / "bin" / "llama-server"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("#!/bin/sh\necho not a server\n")
+    cached.chmod(0o755)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "run").mkdir()
+    fill = {"tmp": str(tmp_path)}
+    r = harness("crosscheck", tmp_path / "run", *args,
+                env={"HOME": str(tmp_path / "home")} | {k: v.format(**fill) for k, v in env.items()})
+    one_line_error(r, *(w.format(**fill) for w in words))
+    assert not (tmp_path / "run" / "crosscheck.json").exists()

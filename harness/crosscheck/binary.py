@@ -22,11 +22,27 @@ def native_root() -> Path:
     return Path.home() / ".cache" / "harness" / "native"
 
 
+def named_bin() -> Path | None:
+    """HARNESS_NATIVE_BIN's llama-server (None where it is unset or empty), refused in one line where the folder it
+    names does not hold one: a named folder is never passed over for another build."""
+    given = os.environ.get("HARNESS_NATIVE_BIN")
+    if not given:
+        return None
+    folder = Path(given).expanduser()
+    p = folder / NAME
+    if not folder.is_dir():
+        what = "is a file, not the bin folder that holds it" if folder.is_file() else "does not exist"
+        raise HarnessError(f"HARNESS_NATIVE_BIN={given}: the folder {what}: name the folder holding llama-server "
+                           "(or unset it)")
+    if not p.is_file() or not os.access(p, os.X_OK):
+        raise HarnessError(f"HARNESS_NATIVE_BIN={given}: no executable {NAME} in that folder ({p}): name the "
+                           "folder `make native` built it in (or unset it)")
+    return p
+
+
 def native_candidates() -> list[Path]:
     """`make native`'s binaries: HARNESS_NATIVE_BIN's first, then the cache's flavours, newest build first."""
-    out = []
-    if os.environ.get("HARNESS_NATIVE_BIN"):
-        out.append(Path(os.environ["HARNESS_NATIVE_BIN"]) / NAME)
+    out = [p] if (p := named_bin()) else []
     built = [p for p in native_root().glob(f"*/bin/{NAME}") if p.is_file()]
     out += sorted(built, key=lambda p: p.stat().st_mtime, reverse=True)
     return out

@@ -3,6 +3,7 @@ servers one after the other (speculative, and plain as its baseline) over the ru
 write each finished configuration at once, then the table."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -11,7 +12,7 @@ from harness.crosscheck import binary as binary_mod
 from harness.crosscheck import output
 from harness.crosscheck.checks import Check, checks
 from harness.crosscheck.server import Server, free_port, require_free
-from harness.crosscheck.stats import figures, same_outputs
+from harness.crosscheck.stats import fault, figures, row_fault, same_outputs
 from harness.errors import HarnessError
 
 
@@ -32,10 +33,15 @@ def ask(srv: Server, pid: str, body: dict, timeout_s: float) -> dict:
     if not isinstance(t, dict) or "predicted_n" not in t or "predicted_ms" not in t:
         raise HarnessError(f"llama-server ({srv.role}) answered prompt {pid} without timings.predicted_n and "
                            f"predicted_ms: is {srv.binary} llama.cpp's llama-server?")
-    return {"predicted_n": t["predicted_n"], "predicted_ms": t["predicted_ms"], "prompt_n": t.get("prompt_n"),
-            "prompt_ms": t.get("prompt_ms"), "draft_n": t.get("draft_n", 0),
-            "draft_n_accepted": t.get("draft_n_accepted", 0), "stop_type": r.get("stop_type"),
-            "tokens": r.get("tokens") if isinstance(r.get("tokens"), list) else None}
+    rec = {"predicted_n": t["predicted_n"], "predicted_ms": t["predicted_ms"], "prompt_n": t.get("prompt_n"),
+           "prompt_ms": t.get("prompt_ms"), "draft_n": t.get("draft_n", 0),
+           "draft_n_accepted": t.get("draft_n_accepted", 0), "stop_type": r.get("stop_type"),
+           "tokens": r.get("tokens") if isinstance(r.get("tokens"), list) else None}
+    why = fault(rec)
+    if why:
+        raise HarnessError(f"llama-server ({srv.role}) answered prompt {pid} with {why}: not a measurement, so "
+                           f"nothing of it is stored; is {srv.binary} llama.cpp's llama-server?")
+    return rec
 
 
 def measure(binary: Path, c: Check, port: int, log_dir: Path, start_timeout: float, request_timeout: float,
@@ -67,6 +73,20 @@ def base_row(c: Check) -> dict:
     return {k: a.get(k) for k in keep} | {"config": getattr(c.inst, "id", None), "harness": c.harness}
 
 
+def kept_rows(run_dir: Path) -> list[dict]:
+    """crosscheck.json's rows, less those holding a response that is not a measurement (stored before such were
+    refused): each dropped with a line saying why, and measured again."""
+    out = []
+    for r in output.load(run_dir):
+        why = None if r.get("skip") else row_fault(r)
+        if why:
+            click.echo(f"crosscheck: {r.get('category')}, {r.get('policy')}: {r.get('configuration')}: the row in "
+                       f"{output.JSON} is not a measurement ({why}): dropped, measured again", err=True)
+            continue
+        out.append(r)
+    return out
+
+
 def crosscheck_command(run_dir: Path, llama_server: str | None = None, port: int | None = None,
                        only: str = "all", per_category: int = 0, start_timeout: float = 300.0,
                        request_timeout: float = 600.0, redo: bool = False) -> str:
@@ -74,16 +94,17 @@ def crosscheck_command(run_dir: Path, llama_server: str | None = None, port: int
     from harness.procs import stop_on_signals
     if not run_dir.is_dir():
         raise HarnessError(f"{run_dir}: no such run directory")
-    for name, v in (("--per-category", per_category), ("--start-timeout", start_timeout),
-                    ("--request-timeout", request_timeout)):
-        if v < 0 or (v == 0 and name != "--per-category"):
-            raise HarnessError(f"{name} must be {'>= 0' if name == '--per-category' else 'above 0'}, got {v:g}")
+    if per_category < 0:
+        raise HarnessError(f"--per-category must be >= 0, got {per_category}")
+    for name, v in (("--start-timeout", start_timeout), ("--request-timeout", request_timeout)):
+        if not math.isfinite(v) or v <= 0:
+            raise HarnessError(f"{name} must be a number of seconds above 0, got {v:g}")
     binary = binary_mod.find(llama_server)
     version = binary_mod.version(binary)
     if port is not None:
         require_free(port)
     found, _plan = checks(run_dir, only, per_category)
-    old = [] if redo else output.load(run_dir)
+    old = [] if redo else kept_rows(run_dir)
     done = {r["key"]: r for r in old if not r.get("skip")}
     rows: list[dict] = []
     measured = 0

@@ -20,6 +20,43 @@ from harness.analysis.intervals import LEVEL, interval
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SPECULATE
 
 HOLDS, CONTRADICTED, UNSETTLED, NOT_CHECKED = "holds", "contradicted", "unsettled", "-"
+COUNTS, TIMES = ("predicted_n", "draft_n", "draft_n_accepted", "prompt_n"), ("predicted_ms", "prompt_ms")
+
+
+def fault(t: dict) -> str | None:
+    """What keeps one response's timings from being a measurement, naming the field; None when nothing does.
+    Counts are whole numbers and times finite ones, none below 0; a response predicted at least one token, more
+    than one in some time, and accepted no more drafts than it drafted."""
+    for k in COUNTS + TIMES:
+        v = t.get(k)
+        if v is None and k.startswith("prompt"):  # not used in any figure: an older server may leave them out
+            continue
+        number = isinstance(v, int) if k in COUNTS else isinstance(v, (int, float)) and math.isfinite(v)
+        if isinstance(v, bool) or not number:
+            return f"timings.{k} {v!r} (not a {'whole number' if k in COUNTS else 'finite number'})"
+        if v < 0:
+            return f"timings.{k} {v!r} (below 0)"
+    if t["predicted_n"] < 1:
+        return f"timings.predicted_n {t['predicted_n']} (no token generated)"
+    if t["predicted_n"] > 1 and t["predicted_ms"] == 0:
+        return f"timings.predicted_ms 0 for {t['predicted_n']} tokens"
+    if t["draft_n_accepted"] > t["draft_n"]:
+        return f"timings.draft_n_accepted {t['draft_n_accepted']} above timings.draft_n {t['draft_n']} (more " \
+               "drafts accepted than drafted)"
+    return None
+
+
+def row_fault(row: dict) -> str | None:
+    """fault() of the first response in a stored row (crosscheck.json) that is not a measurement, with its prompt
+    and server."""
+    for p in row.get("prompts") or []:
+        p = p if isinstance(p, dict) else {"id": repr(p)}
+        for role in ("plain", "speculative"):
+            t = p.get(role)
+            why = fault(t) if isinstance(t, dict) else "no timings"
+            if why:
+                return f"prompt {p.get('id')}, {role}: {why}"
+    return None
 
 
 def rate(t: dict | None) -> float | None:
