@@ -138,16 +138,15 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
 
     from harness.engine import EngineConfig
     from harness.proposers import Drafting
-    from harness.runner import given_prompt, run_one
+    from harness.runner import check_options, given_prompt, run_one
     from harness.sampling import Policy
     policy = Policy(temperature, top_k, top_p, min_p, seed)
     drafting = Drafting(verify, draft_p_min, draft_n_min)
     prompt = given_prompt(prompt_text, prompt_file, raw, max_tokens)
     cfg = EngineConfig(n_ctx=n_ctx, n_gpu_layers=ngl, threads=threads, cache_k=cache_type_k, cache_v=cache_type_v,
                        flash_attn=flash_attn, n_ubatch=ubatch)
-    if ubatch < 1:
-        raise HarnessError(f"--ubatch must be >= 1, got {ubatch}")
     draft_cfg = replace(cfg, n_gpu_layers=ngl_draft, cache_k=cache_type_k_draft, cache_v=cache_type_v_draft)
+    check_options(target, draft, gamma, policy, drafting, max_tokens, cfg, draft_cfg)
     from harness.errors import naming
     with naming(trace_path, "--trace"):  # the only file `run` writes: a full disk names it and the option
         run_one(target, draft, prompt, policy, gamma, max_tokens, cfg, draft_cfg, baseline,
@@ -385,9 +384,23 @@ def crosscheck(run_dir, **opts):
     _say(crosscheck_command(Path(run_dir), **opts))
 
 
+def _fill_closed_streams() -> None:
+    """A standard stream closed at start (`2>&-`) becomes /dev/null: what would go there is dropped, and no file
+    opened later takes its descriptor (llama.cpp's log, written to descriptor 2, would land in it)."""
+    import os
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one, as those below are open
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+
+
 def main(argv: list[str] | None = None):
     """The console script; also callable in-process with argv (the tests do), exiting through SystemExit."""
     args = sys.argv[1:] if argv is None else list(argv)
+    _fill_closed_streams()
     try:
         rc = cli.main(args=args, prog_name="harness", standalone_mode=False, obj={"argv": args})
         if isinstance(rc, int) and rc:

@@ -1,6 +1,7 @@
 """`harness run`: one generation, printed with accepted draft tokens marked, and a summary line."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +41,24 @@ def render_marked(vocab, tokens: list[int], from_draft: str, color: bool) -> str
     return "".join(out)
 
 
+def check_options(target: str, draft: str | None, gamma: int, policy: Policy, drafting: Drafting, max_tokens: int,
+                  cfg: EngineConfig, draft_cfg: EngineConfig) -> None:
+    """What bench would refuse of these values, refused by its own checks (plan.check) before any model loads."""
+    from harness.plan import Params, check
+    check(Params(target=[target], draft=[draft or "none"], gamma=[gamma], temp=[policy.temperature],
+                 top_p=[policy.top_p], top_k=[policy.top_k], min_p=[policy.min_p], seed=policy.seed,
+                 ngl=[cfg.n_gpu_layers], ngl_draft=[draft_cfg.n_gpu_layers], threads=[cfg.threads],
+                 verify=[drafting.verify], draft_p_min=[drafting.p_min], draft_n_min=[drafting.n_min],
+                 cache_type_k=[cfg.cache_k], cache_type_v=[cfg.cache_v], cache_type_k_draft=[draft_cfg.cache_k],
+                 cache_type_v_draft=[draft_cfg.cache_v], flash_attn=[cfg.flash_attn], ubatch=[cfg.n_ubatch],
+                 max_tokens=max_tokens, n_ctx=cfg.n_ctx))
+
+
+def use_color(stream) -> bool:
+    """Colour on a terminal, unless NO_COLOR is set and not empty (no-color.org)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
+
+
 def given_prompt(text: str | None, file: str | None, raw: bool, max_tokens: int) -> Prompt:
     """The prompt `harness run` was given: exactly one of its text or a file holding it, not empty."""
     if (text is None) == (file is None):
@@ -47,6 +66,8 @@ def given_prompt(text: str | None, file: str | None, raw: bool, max_tokens: int)
     if file:
         from harness.prompts import read_prompt_text
         text = read_prompt_text(Path(file))
+    else:  # under a non-UTF-8 locale (LC_ALL=C) argv's UTF-8 bytes arrive as surrogates: decode them as UTF-8
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     if not text.strip():
         raise HarnessError("the prompt is empty")
     return Prompt("cli", "cli", (("user", text),), text, max_tokens, chat=not raw)
@@ -70,7 +91,7 @@ def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamm
                         "mode": "speculative" if draft else "baseline"}
         gen = generate(pair.target, req, policy, pair.proposer, gamma if draft else 0, trace, rule=drafting.verify)
         spec_records = list(trace.records)
-        color = sys.stdout.isatty()
+        color = use_color(sys.stdout)
         click.echo(render_marked(pair.target.vocab, gen["tokens"], gen["from_draft"], color))
         s = metrics.summary(spec_records)
         parts = []
