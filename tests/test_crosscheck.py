@@ -221,6 +221,14 @@ def smoke(tmp_path) -> Path:
     return Path(shutil.copytree(SMOKE, tmp_path / SMOKE.name))
 
 
+def test_each_answer_has_the_harness_figures_beside_it(smoke):
+    """A timed answer's acceptance is its sweep row's (the answer's source reads "timed on N prompt(s)")."""
+    from harness.crosscheck.checks import checks
+    found, _ = checks(smoke, "all", 1)
+    assert found and all(c.harness["acceptance"] is not None for c in found if not c.skip)
+    assert all(c.answer["source"].startswith("timed") for c in found)
+
+
 class Reply:
     """One server, answering every request with the given timings."""
     role, binary = "plain", Path("llama-server")

@@ -89,10 +89,11 @@ def harness_figures(data: dict[str, pl.DataFrame], a: dict, inst) -> dict:
     the timed sweep's row, or the replay's prediction."""
     out = {"speedup": a["speedup"], "lo": a["lo"], "hi": a["hi"], "acceptance": None, "acceptance_lo": None,
            "acceptance_hi": None}
-    rows = data.get("sweep" if a["source"] == "timed" else "replay")
+    timed = a["source"].startswith("timed")  # "timed on N prompt(s)", or "predicted from every prompt"
+    rows = data.get("sweep" if timed else "replay")
     if rows is None or not len(rows):
         return out
-    if a["source"] == "timed":
+    if timed:
         rows = rows.filter((pl.col("config") == inst.id) & (pl.col("category") == a["category"]))
     else:
         rows = rows.filter((pl.col("base") == inst.plain().id) & (pl.col("category") == a["category"])
