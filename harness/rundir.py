@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.trace import append_record, gzipped, read_records, repair
+from harness.trace import append_record, gzipped, kind, lines, parse, read_numbered, read_records, repair
 
 DRIFT_DIR = "drift"
 PAIRED_DIR = "paired"
@@ -148,13 +148,29 @@ def repair_results(run_dir: Path) -> None:
         repair(f)
 
 
+# what to do about a results.jsonl row that is not as bench wrote it
+ROW_FIX = "restore the file (from git or a copy), or delete that line: `harness bench --resume` runs its unit again"
+
+
 def finished(run_dir: Path) -> dict[str, dict]:
-    """Results recorded so far, by unit id (the last record wins)."""
-    out = {}
+    """Results recorded so far, by unit id: the last row wins (a unit that failed, or ran on a busy machine, or
+    lost its trace, is run again and appends a row). Two different "ok" rows of one unit from one attempt (the
+    worker's id, in each row it writes) cannot both be bench's: refused, as is a row naming no configuration."""
+    out: dict[str, dict] = {}
+    oks: dict[tuple, tuple[int, dict]] = {}  # each unit's "ok" row of each attempt, with its line
     f = run_dir / "results.jsonl"
-    if f.exists():
-        for r in read_records(f):
-            out[r.get("unit", r["config"])] = r
+    for n, r in read_numbered(f, cut_rows=True, fix=ROW_FIX) if f.exists() else []:
+        if not isinstance(r.get("config"), str):
+            raise HarnessError(f"{f} line {n} names no configuration (no \"config\"): {ROW_FIX}")
+        u = r.get("unit", r["config"])
+        if r.get("status") == "ok":
+            m, old = oks.setdefault((u, str(r.get("attempt"))), (n, r))
+            if old != r:
+                keys = sorted(k for k in old.keys() | r.keys() if old.get(k) != r.get(k))
+                raise HarnessError(f"{f} lines {m} and {n} are two different results of unit {u} from one run of it "
+                                   f"({', '.join(keys[:3])} differ): one was changed after bench wrote it; restore "
+                                   "the file (from git or a copy)")
+        out[u] = r
     return out
 
 
@@ -207,57 +223,102 @@ def unfinished(run_dir: Path, plan: dict) -> list[str]:
 
 
 def traces_missing(run_dir: Path, row: dict, paired: bool) -> list[str]:
-    """The traces a finished ("ok") result row needs and the run directory lacks: its own, and its paired twin's
-    for a speculative configuration of a paired run. Skipped and error rows have none."""
+    """The traces a finished ("ok") result row needs and the run directory lacks or holds empty (no unit that
+    finished wrote none), each as "PATH is missing" or "PATH is empty": its own, and its paired twin's for a
+    speculative configuration of a paired run. Skipped and error rows have none."""
     if row.get("status") != "ok":
         return []
     unit = row.get("unit", row.get("config"))
     dirs = [run_dir] + ([run_dir / PAIRED_DIR] if paired and row.get("draft", "none") != "none" else [])
-    return [str(trace_path(d, unit).relative_to(run_dir)) for d in dirs if trace_file(d, unit) is None]
+    out = []
+    for d in dirs:
+        f = trace_file(d, unit)
+        if f is None or not any(x.strip() for x in lines(f)):
+            out.append(f"{(f or trace_path(d, unit)).relative_to(run_dir)} is {'missing' if f is None else 'empty'}")
+    return out
+
+
+# the keys of every result row bench writes (its configuration), of an "ok" one (what the worker measured) and
+# of a timed "ok" one (its memory, in the report's tables); the statuses it writes
+ROW_KEYS = ("config", "status", "target", "draft", "gamma", "policy")
+OK_KEYS = ("peak_rss_bytes", "wall_s")
+TIMED_KEYS = ("kv_bytes", "target_bytes", "draft_bytes")
+STATUSES = ("ok", "error", "skipped")
+
+
+def row_problem(row: dict, timed: bool) -> str | None:
+    """How a result row differs from any bench writes, in words; None if it does not."""
+    status = row.get("status")
+    need = ROW_KEYS + (OK_KEYS + TIMED_KEYS * timed if status == "ok" else ())
+    missing = [k for k in need if k not in row]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if status not in STATUSES:
+        return f"has status {status!r}, none bench writes ({', '.join(STATUSES)})"
+    if status != "ok" and not row.get("error"):
+        return f"has status {status} without the error that caused it"
+    return None
+
+
+def rows_problems(run_dir: Path) -> list[str]:
+    """results.jsonl's lines (the run's and its side runs') that bench did not write so: unreadable (cut short),
+    repeated, or a row unlike any bench writes."""
+    out = []
+    for d in (run_dir, run_dir / DRIFT_DIR, run_dir / REPLAY_DIR):
+        f = d / "results.jsonl"
+        name = f.relative_to(run_dir)
+        seen: dict[str, int] = {}
+        for n, line in enumerate(lines(f) if f.exists() else [], 1):
+            if not line.strip():
+                continue
+            try:
+                row = parse(line)
+            except ValueError:
+                out.append(f"{name} line {n} is unreadable (cut short)")
+                continue
+            if not isinstance(row, dict):
+                out.append(f"{name} line {n} is {kind(row)}, not a result row")
+                continue
+            unit = row.get("unit", row.get("config"))
+            key = json.dumps(row, sort_keys=True)
+            if key in seen:
+                out.append(f"{name} line {n} repeats line {seen[key]} (unit {unit})")
+            seen.setdefault(key, n)
+            problem = row_problem(row, d.name != REPLAY_DIR)
+            if problem:
+                out.append(f"{name} line {n} (unit {unit}) {problem}: it was changed after bench wrote it")
+    return out
 
 
 def integrity(run_dir: Path, plan: dict) -> list[str]:
-    """What makes the run's results disagree with its plan, each as a line: a planned unit with no result row
-    (the run is unfinished, or a row was cut or removed), a result row written twice, an unreadable line in
-    results.jsonl, a finished unit whose trace is gone. Empty for a finished, intact run."""
-    out = []
-    f = run_dir / "results.jsonl"
-    seen: dict[str, int] = {}
-    if f.exists():
-        for n, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                out.append(f"results.jsonl line {n} is unreadable (cut short)")
-                continue
-            key = json.dumps(row, sort_keys=True)
-            if key in seen:
-                unit = row.get("unit", row.get("config"))
-                out.append(f"results.jsonl line {n} repeats line {seen[key]} (unit {unit})")
-            seen.setdefault(key, n)
+    """What makes the run's results disagree with its plan, each as a line: a result row cut short, written twice
+    or changed (rows_problems), a planned unit with no result row (the run is unfinished, or a row was cut or
+    removed), a finished unit whose trace is gone or empty. Empty for a finished, intact run."""
+    out = rows_problems(run_dir)
     rerun = f"(`harness bench --resume {run_dir}` runs it again)"
     out += [f"{u} has no result row {rerun}" for u in unfinished(run_dir, plan) if not u.startswith("the ")]
     paired = bool(plan.get("params", {}).get("paired"))
     for u, row in sorted(finished(run_dir).items()):
-        out += [f"{u} finished but its trace {t} is missing {rerun}" for t in traces_missing(run_dir, row, paired)]
+        out += [f"{u} finished but its trace {t} {rerun}" for t in traces_missing(run_dir, row, paired)]
     return out
 
 
 def drop_unreadable(path: Path) -> int:
-    """Rewrite a JSONL file without its unreadable lines (a row cut short in the middle, say); how many went."""
+    """Rewrite a JSONL file without its unreadable lines (a row cut short in the middle, say); how many went. The
+    file is written only when one goes."""
     if not path.exists():
         return 0
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    rows = [x for x in lines(path) if x.strip()]
     keep = []
-    for line in lines:
+    for line in rows:
         try:
-            json.loads(line)
-            keep.append(line if line.endswith("\n") else line + "\n")
-        except json.JSONDecodeError:
+            parse(line)
+            keep.append(line + b"\n")
+        except ValueError:
             pass
-    if len(keep) != len(lines):
-        path.write_text("".join(keep), encoding="utf-8")
-    return len(lines) - len(keep)
+    if len(keep) != len(rows):
+        path.write_bytes(b"".join(keep))
+    return len(rows) - len(keep)
 
 
 NOISE_FILE = "noise.jsonl"
@@ -270,4 +331,10 @@ def record_noise(run_dir: Path, record: dict) -> None:
 def noise_records(run_dir: Path) -> dict[str, dict]:
     """The foreign load measured while each unit ran (and before the sweep, as unit "idle-check"), by unit."""
     f = run_dir / NOISE_FILE
-    return {r["unit"]: r for r in read_records(f)} if f.exists() else {}
+    fix = "restore the file (from git or a copy), or delete that line"
+    out = {}
+    for n, r in read_numbered(f, cut_rows=True, fix=fix) if f.exists() else []:
+        if not isinstance(r.get("unit"), str):
+            raise HarnessError(f"{f} line {n} names no unit: {fix}")
+        out[r["unit"]] = r
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import zlib
 from pathlib import Path
 
@@ -54,19 +55,15 @@ def append_record(path: Path, record: dict) -> None:
 
 
 def repair(path: Path) -> bool:
-    """Cut a partial last line (a kill in the middle of a write) off a JSONL file; True if there was one."""
+    """Cut a partial last line (a kill in the middle of a write) off a JSONL file; True if there was one. An intact
+    file is only read: a read-only run is reported without a write."""
     if not path.exists():
         return False
-    with open(path, "r+b") as f:
-        size = f.seek(0, 2)
-        if size == 0:
-            return False
-        f.seek(-1, 2)
-        if f.read(1) == b"\n":
-            return False
-        f.seek(0)
-        keep = f.read().rfind(b"\n") + 1
-        f.truncate(keep)
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data or data.endswith(b"\n"):
+        return False
+    os.truncate(path, data.rfind(b"\n") + 1)
     return True
 
 
@@ -84,21 +81,64 @@ def discard(path: Path) -> None:
     gzipped(path).unlink(missing_ok=True)
 
 
-def read_records(path: Path) -> list[dict]:
-    """Every complete line of a JSONL file, plain or gzipped (by its name); a line cut short by a kill at the end
-    of the file is skipped."""
-    out = []
+GZIP_MAGIC = b"\x1f\x8b"
+# what to do about a damaged trace line: a trace is only ever appended to by its unit's worker
+TRACE_FIX = ("restore the file (from git or a copy), or delete it and resume the run (`harness bench --resume "
+             "RUN_DIR`) to measure its unit again")
+
+
+def lines(path: Path) -> list[bytes]:
+    """A JSONL file's lines, plain or gzipped (by its name), as bytes: the last one is b"" unless a kill cut the
+    file short in the middle of a line."""
+    gz = path.name.endswith(GZ)
     try:
-        with (gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(GZ)
-              else open(path, encoding="utf-8")) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+        data = gzip.decompress(path.read_bytes()) if gz else path.read_bytes()
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise HarnessError(f"{path} is damaged ({e}): it does not decompress; restore it from git") from None
+    if data.startswith(GZIP_MAGIC):
+        raise HarnessError(f"{path} is gzipped twice: take one layer off (`gzip -dc F > F.tmp && mv F.tmp F`, F "
+                           "being that file)" if gz else
+                           f"{path} is gzipped but named as a plain trace: rename it to {gzipped(path).name}")
+    return data.split(b"\n")
+
+
+def parse(line: bytes):
+    """One line's JSON value; ValueError if it is not JSON in UTF-8."""
+    return json.loads(line.decode("utf-8"))
+
+
+def kind(value) -> str:
+    """What a JSON value that is not a record is, in words."""
+    return {list: "a JSON list", str: "a JSON string", bool: "a JSON boolean", type(None): "null"}.get(
+        type(value), "a JSON number")
+
+
+def read_numbered(path: Path, cut_rows: bool = False, fix: str = TRACE_FIX) -> list[tuple[int, dict]]:
+    """Every record of a JSONL file with its line number. A line cut short by a kill at the end of the file is
+    skipped; so is one anywhere with cut_rows (results.jsonl and noise.jsonl: append_record ends a line a killed
+    writer left, and appends after it). Any other line that is not a JSON record was damaged after it was
+    written: one line naming it, with `fix`, what to do."""
+    out = []
+    split = lines(path)
+    for n, line in enumerate(split, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = parse(line)
+        except ValueError as e:
+            if cut_rows or n == len(split):
+                continue
+            why = "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not JSON"
+            raise HarnessError(f"{path} line {n} is damaged ({why}): {fix}") from None
+        if not isinstance(rec, dict):
+            raise HarnessError(f"{path} line {n} is {kind(rec)}, not a record: {fix}")
+        out.append((n, rec))
     return out
+
+
+def read_records(path: Path, cut_rows: bool = False) -> list[dict]:
+    """Every record of a JSONL file, plain or gzipped (read_numbered)."""
+    return [r for _, r in read_numbered(path, cut_rows)]
 
 
 def compress(path: Path) -> Path:

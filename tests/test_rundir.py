@@ -1,7 +1,11 @@
 """rundir: a plan.json that cannot be read as a plan is refused in one line (by read_plan, so by every reader:
-resume, report, compare), and two runs started in the same second get two directories (issue 43)."""
+resume, report, compare), and two runs started in the same second get two directories (issue 43). The results,
+noise and traces: rows bench writes again for a unit run again are read, the last winning; rows it cannot have
+written are refused in one line naming the file and the line, or named by `report --check` before it counts the
+differences."""
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -10,7 +14,8 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.plan import Instance, Params
-from harness.rundir import RUN_SCHEMA, new_run_dir, read_plan
+from harness.rundir import (RUN_SCHEMA, drop_unreadable, finished, new_run_dir, noise_records, read_plan,
+                            rows_problems, traces_missing)
 from tests.helpers import harness, one_line_error
 
 
@@ -68,3 +73,116 @@ def test_two_runs_started_in_the_same_second_get_two_directories(tmp_path, monke
     assert stem.startswith("20260101-000000-") and [d.name for d in dirs] == [stem, f"{stem}-2", f"{stem}-3"]
     assert all((d / "traces").is_dir() for d in dirs)
     assert (tmp_path / "latest").resolve() == dirs[-1].resolve()
+
+
+# -- results, noise and traces ------------------------------------------------------------------------------------
+
+OK = {"config": "g2-a", "unit": "g2-a", "status": "ok", "target": "t", "draft": "d", "gamma": 2, "policy": {},
+      "peak_rss_bytes": 1, "wall_s": 2.0, "kv_bytes": 3, "target_bytes": 4, "draft_bytes": 5, "attempt": "a1"}
+ERROR = {k: v for k, v in OK.items() if k in ("config", "unit", "target", "draft", "gamma", "policy")} | {
+    "status": "error", "error": "killed by signal 9"}
+
+
+def _lines(*rows) -> str:
+    return "".join(r if isinstance(r, str) else json.dumps(r) + "\n" for r in rows)
+
+
+# (case, results.jsonl, what finished() gives as unit -> wall_s (None: an error row), or the error line's words)
+FINISHED_ROWS = [
+    ("a unit run again: the last row wins", _lines(ERROR, OK, OK | {"wall_s": 9.0, "attempt": "a2"}),
+     {"g2-a": 9.0}),
+    ("a byte-identical copy", _lines(OK, OK), {"g2-a": 2.0}),
+    ("a worker that died twice", _lines(ERROR, ERROR | {"error": "exit code 1"}), {"g2-a": None}),
+    ("a row cut short mid-file", _lines(OK, '{"config": "g3-b", "sta\n', OK | {"unit": "g3-b", "config": "g3-b"}),
+     {"g2-a": 2.0, "g3-b": 2.0}),
+    ("one attempt's row with other values", _lines(OK, ERROR, OK | {"wall_s": 1.0}),
+     ["results.jsonl lines 1 and 3", "unit g2-a", "wall_s differ", "restore"]),
+    ("rows from before attempts, with other values", _lines(*({k: v for k, v in r.items() if k != "attempt"}
+                                                             for r in (OK, OK | {"kv_bytes": 7}))),
+     ["lines 1 and 2", "kv_bytes differ"]),
+    ("a JSON list", _lines(OK, [1, 2]), ["results.jsonl line 2 is a JSON list", "restore"]),
+    ("null", _lines("null\n", OK), ["results.jsonl line 1 is null"]),
+    ("no unit and no config", _lines(OK, {"status": "ok"}), ["results.jsonl line 2 names no configuration"]),
+]
+
+
+@pytest.mark.parametrize("case, text, want", FINISHED_ROWS, ids=[r[0] for r in FINISHED_ROWS])
+def test_finished(tmp_path, case, text, want):
+    (tmp_path / "results.jsonl").write_text(text)
+    if isinstance(want, dict):
+        got = finished(tmp_path)
+        assert {u: r.get("wall_s") for u, r in got.items()} == want
+        return
+    with pytest.raises(HarnessError) as e:
+        finished(tmp_path)
+    assert "\n" not in str(e.value) and str(tmp_path / "results.jsonl") in str(e.value)
+    for w in want:
+        assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("text, words", [("null\n", ["noise.jsonl line 1 is null"]),
+                                         ('{"share": 0.1}\n', ["noise.jsonl line 1 names no unit"]),
+                                         ('[{"unit": "a"}]\n', ["line 1 is a JSON list"])],
+                         ids=["null", "no unit", "list"])
+def test_noise_records_refuse_a_line_bench_did_not_write(tmp_path, text, words):
+    (tmp_path / "noise.jsonl").write_text('{"unit": "idle-check", "share": 0.0}\n' + text.replace("line 1", "line 2"))
+    with pytest.raises(HarnessError) as e:
+        noise_records(tmp_path)
+    for w in words:
+        assert w.replace("line 1", "line 2") in str(e.value), str(e.value)
+
+
+# (case, where, results.jsonl, the problems rows_problems names)
+PROBLEM_ROWS = [
+    ("intact", "", _lines(ERROR, OK), []),
+    ("status removed", "", _lines({k: v for k, v in OK.items() if k != "status"}),
+     ["results.jsonl line 1 (unit g2-a) lacks status: it was changed after bench wrote it"]),
+    ("memory removed", "", _lines({k: v for k, v in OK.items() if k not in ("kv_bytes", "wall_s")}),
+     ["results.jsonl line 1 (unit g2-a) lacks wall_s, kv_bytes: it was changed after bench wrote it"]),
+    ("a status bench never writes", "", _lines(OK | {"status": "done"}),
+     ["results.jsonl line 1 (unit g2-a) has status 'done', none bench writes (ok, error, skipped): it was changed "
+      "after bench wrote it"]),
+    ("error without its error", "", _lines(OK | {"status": "error"}),
+     ["results.jsonl line 1 (unit g2-a) has status error without the error that caused it: it was changed after "
+      "bench wrote it"]),
+    ("a side run's row", "drift", _lines({k: v for k, v in OK.items() if k != "policy"}),
+     ["drift/results.jsonl line 1 (unit g2-a) lacks policy: it was changed after bench wrote it"]),
+    ("a replay row measures no memory", "replay", _lines({k: v for k, v in OK.items() if not k.endswith("bytes")}
+                                                          | {"peak_rss_bytes": 1}), []),
+    ("cut, repeated, a list", "", _lines('{"config": "g2\n', OK, OK, [1]),
+     ["results.jsonl line 1 is unreadable (cut short)", "results.jsonl line 3 repeats line 2 (unit g2-a)",
+      "results.jsonl line 4 is a JSON list, not a result row"]),
+]
+
+
+@pytest.mark.parametrize("case, where, text, want", PROBLEM_ROWS, ids=[r[0] for r in PROBLEM_ROWS])
+def test_rows_problems(tmp_path, case, where, text, want):
+    (tmp_path / where).mkdir(exist_ok=True)
+    (tmp_path / where / "results.jsonl").write_text(text)
+    assert rows_problems(tmp_path) == want
+
+
+@pytest.mark.parametrize("name, data, want", [
+    (None, None, ["traces/g2-a.jsonl is missing"]),
+    ("g2-a.jsonl", b"", ["traces/g2-a.jsonl is empty"]),
+    ("g2-a.jsonl.gz", gzip.compress(b"", mtime=0), ["traces/g2-a.jsonl.gz is empty"]),
+    ("g2-a.jsonl.gz", b"", ["traces/g2-a.jsonl.gz is empty"]),
+    ("g2-a.jsonl.gz", gzip.compress(b'{"type": "step"}\n', mtime=0), []),
+], ids=["missing", "empty", "empty gz", "zero-byte gz", "intact"])
+def test_traces_missing_counts_an_empty_trace(tmp_path, name, data, want):
+    (tmp_path / "traces").mkdir()
+    if name:
+        (tmp_path / "traces" / name).write_bytes(data)
+    assert traces_missing(tmp_path, OK, paired=False) == want
+    assert traces_missing(tmp_path, ERROR, paired=False) == []
+
+
+def test_drop_unreadable_writes_only_when_a_line_goes(tmp_path, monkeypatch):
+    f = tmp_path / "results.jsonl"
+    keep = _lines(OK, OK | {"error": "é"}).encode()
+    f.write_bytes(keep)
+    monkeypatch.setattr(type(f), "write_bytes", lambda *a: pytest.fail("an intact file was written"))
+    assert drop_unreadable(f) == 0
+    monkeypatch.undo()
+    f.write_bytes(b'{"config": "g\n' + keep + b'{"error": "\xff"}\n')
+    assert drop_unreadable(f) == 2 and f.read_bytes() == keep
