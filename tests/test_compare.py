@@ -5,6 +5,7 @@ import re
 import shutil
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from tests.conftest import CATEGORIES, D, POLICIES, T
@@ -204,3 +205,16 @@ def test_home_in_compares_paths_is_expanded(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "home" / "cmp" / "compare.md").is_file() and not (tmp_path / "~").exists()
     assert r.stdout.strip() == str(tmp_path / "home" / "cmp" / "compare.md")
+
+
+def test_a_contradicted_prediction_is_compared_as_the_answer_gives_it():
+    """compare sets each machine's answer side by side: a predicted speculate its timed run contradicted is the
+    answer's inconclusive there, not the prediction."""
+    from harness.compare.runs import _answered
+    from harness.report.replayed import predicted_verdicts
+    from tests.test_answer import INSTANCE, _fast_pred, _timed
+    pred = _timed(_fast_pred(), 0.60, 0.52, 0.69)
+    v = predicted_verdicts(pred).with_columns(pl.format("{} g={}", "proposer", "gamma").alias("best"))
+    assert set(v["verdict"]) == {"speculate"}
+    got = _answered(v, {"replay": pred, "replay_verdicts": v}, {"instances": [INSTANCE], "params": {}})
+    assert set(got["verdict"]) == {"inconclusive"} and got.columns == v.columns

@@ -28,6 +28,7 @@ def test_calibrations_carry_their_machine(machine):
     c = json.loads(cals[0].read_text())
     assert c["threads"] == 1 and c["machine"]["cpu"] and c["machine"]["host"] and len(c["sha256"]) == 64
     assert c["taken"] > 1.7e9  # when: `predict --against` says how far from the timed run
+    assert "shares" in c["noise"]  # what the machine did meanwhile: a busy calibration gives no verdict
 
 
 @pytest.mark.slow  # the threads-1 sweep and calibrations: 2 min of the fast tier
@@ -210,3 +211,19 @@ def test_home_in_predicts_paths_is_expanded(tmp_path):
     r = harness("predict", "~/run", "--costs", "~/cal.json", "--out", "~/out", cwd=tmp_path / "run",
                 env={"HOME": str(tmp_path)})
     one_line_error(r, f"--costs {tmp_path / 'cal.json'}:", "contexts list is empty")
+
+
+def test_a_calibration_taken_on_a_busy_machine_gives_no_verdict(tmp_path):
+    """The calibrations of a committed replayed run, one marked as `harness calibrate` marks what it measured while
+    another process used the CPU: every group of that target has no verdict, the reason on its line."""
+    from pathlib import Path
+    run = Path("reports/runs/20261204-015938-vm")
+    cals = sorted(Path("reports/calibration-t1-amd").glob("*.json"))
+    busy = tmp_path / cals[0].name  # the 0.5B draft's: every row that drafts with it
+    busy.write_text(json.dumps(json.loads(cals[0].read_text()) | {
+        "noise": {"shares": [0.4] * 12, "threshold": 0.05, "own_shares": [], "asked": None, "load1": 1.0}}))
+    r = harness("predict", run, "--costs", busy, *[a for c in cals[1:] for a in ("--costs", c)], "--out",
+                tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    rows = md_table(Path(r.stdout.strip()).read_text(), "# Predicted for")
+    assert rows and all(x["verdict"] == "unreliable (busy machine)" for x in rows)

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.analysis.noise import unit_summary
 from harness.analysis.predict import with_unit_costs
 from harness.errors import HarnessError
 from harness.report.fmt import ci, f, table
+from harness.report.verdicts import LEVEL_BASELINE, LEVEL_BUSY
 from harness.rundir import REPLAY_DIR, load_records, ok_units, plan_rounds, read_plan
 
 KEY = ["target", "category", "policy", "proposer", "gamma"]
@@ -161,8 +163,15 @@ def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \
                             {c: i.target for c, i in insts.items()}, gamma_max)
 
 
+    busy = sorted(name for name, c in cals.items() if "noise" in c and unit_summary(c["noise"])["busy"])
+
     def frame(recs: list[dict]) -> pl.DataFrame:  # plain decoding costs what the calibration's k = 1 costs
         return pl.DataFrame(predictions(recs, {}, gamma_max), infer_schema_length=None).with_columns(
+            pl.when(pl.col("config").replace_strict({c: i.target for c, i in insts.items()}, default=None)
+                    .is_in(busy) | pl.col("draft").is_in(busy)).then(pl.lit(LEVEL_BUSY))
+            .otherwise(pl.lit(LEVEL_BASELINE)).alias("levelled"),
+            pl.lit(f"the calibration of {', '.join(busy)} was measured while other processes used the CPU")
+            .alias("busy_why"),
             pl.col("config").replace_strict({c: i.target for c, i in insts.items()}, default=None).alias("target"),
             pl.col("config").replace_strict({c: i.setup for c, i in insts.items()}, default="").alias("setup"),
             pl.col("config").replace_strict({c: i.ngl for c, i in insts.items()}, default=0).alias("ngl"),

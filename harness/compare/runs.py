@@ -110,7 +110,8 @@ def load_verdicts(run: Run) -> None:
             "config", "category", "policy", "prompts", "speedup")
     replayed = data.get("replay_verdicts")
     if replayed is not None and len(replayed):
-        run.verdicts = replayed.with_columns(pl.format("{} g={}", "proposer", "gamma").alias("best"))
+        run.verdicts = _answered(replayed.with_columns(pl.format("{} g={}", "proposer", "gamma").alias("best")),
+                                 data, run.plan)
         run.source = "replayed"
         return
     v = data.get("verdicts")
@@ -118,6 +119,21 @@ def load_verdicts(run: Run) -> None:
         raise HarnessError(f"{run.path}: no verdict to compare (no speculative configuration finished)")
     run.verdicts = v.with_columns(pl.format("{} g={}", "draft_label", "gamma_label").alias("best"))
     run.source = "timed"
+
+
+def _answered(v: pl.DataFrame, data: dict, plan: dict) -> pl.DataFrame:
+    """Predicted verdicts as the run's answer gives them: one its timed run contradicted is replaced by what the
+    answer says instead (the timed verdict, or inconclusive)."""
+    from harness.report.answer import VARY, answers
+    keys = (*VARY, "category", "policy")
+    said = {tuple(a[k] for k in keys): a for a in answers(data, plan)}
+    rows = []
+    for r in v.iter_rows(named=True):
+        a = said.get(tuple(r[k] for k in keys))
+        if a is not None and a["verdict"] != r["verdict"]:
+            r = r | {k: a[k] for k in ("verdict", "speedup", "lo", "hi")} | {"best": a["configuration"] or r["best"]}
+        rows.append(r)
+    return pl.DataFrame(rows, schema=v.schema)
 
 
 def _models(run: Run) -> dict[str, str]:

@@ -57,8 +57,10 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN, group: list[
 def _defect(g: pl.DataFrame) -> tuple[str, str]:
     """(kind, why) where a group's predictions cannot carry a verdict: its replay ran busy, or a prediction passes
     its bound; ("", "") otherwise."""
-    if "levelled" in g.columns and g["levelled"][0] == LEVEL_BUSY:
-        return BUSY, "the replay ran while other processes used the CPU: its decode costs are not this machine's"
+    busy = g.filter(pl.col("levelled") == LEVEL_BUSY) if "levelled" in g.columns else g.clear()
+    if len(busy):  # busy_why: where the costs came from elsewhere (a calibration)
+        return BUSY, (busy["busy_why"][0] if "busy_why" in g.columns else "the replay ran while other processes "
+                      "used the CPU") + ": its decode costs are not this machine's"
     if "bound" not in g.columns:  # runs from before the bound
         return "", ""
     over = g.filter(pl.col("speedup") > pl.col("bound") * (1 + BOUND_SLACK))
