@@ -168,7 +168,7 @@ def check(target, draft, prompts_path, as_json):
 
 
 @cli.command()
-@click.option("--profile", help="A named profile from profiles.toml (make bench uses 'default').")
+@click.option("--profile", multiple=True, help="A named profile from profiles.toml (make bench uses 'default').")
 @click.option("--target", help="Comma list of target names or paths.")
 @click.option("--draft", help="Comma list of drafts (names, paths, ngram:N); none = baseline only.")
 @click.option("--gamma", help="Comma list of draft lengths, e.g. 1,2,4,8; auto or auto:N picks gamma per step.")
@@ -237,9 +237,14 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_ru
     """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
     from pathlib import Path
 
+    from harness.bench.prepare import out_dir
     from harness.bench.run import command_line, first_round, run_bench
     from harness.plan import Params, load_profile, make_params
     command = command_line(click.get_current_context().obj["argv"])
+    if len(profile) > 1:
+        raise HarnessError(f"--profile given {len(profile)} times ({', '.join(profile)}): give one, and options "
+                           "beside it to change what it sets")
+    profile = profile[0] if profile else None
     if resume and dry_run:
         raise HarnessError("--dry-run plans a new run from its options; --resume continues a run as planned")
     if resume:
@@ -252,12 +257,13 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_ru
                                "--skip-unsupported (start a new run for other options)")
         if not Path(resume).is_dir():
             raise HarnessError(f"--resume {resume}: no such run directory")
-        run_bench(Params(target=["-"]), [], Path(out), Path(resume), skip_unsupported, command, allow_busy, rerun_busy)
+        run_bench(Params(target=["-"]), [], out_dir(out), Path(resume), skip_unsupported, command, allow_busy,
+                  rerun_busy)
         return
     if rerun_busy:
         raise HarnessError("--rerun-busy measures again what a run measured on a busy machine: give --resume RUN_DIR")
     params = make_params(load_profile(profile) if profile else {}, opts)
-    run_bench(params, first_round(params), Path(out), None, skip_unsupported, command, allow_busy, dry_run=dry_run)
+    run_bench(params, first_round(params), out_dir(out), None, skip_unsupported, command, allow_busy, dry_run=dry_run)
 
 
 @cli.command()

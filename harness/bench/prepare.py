@@ -43,12 +43,13 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
             continue
         require_aligned(resolve(i.target, cat).path, resolve(i.draft, cat).path, prompts)
         checked.add((i.target, i.draft))
-    check_parallel_fits([i for i in instances if i.parallel > 1], prompts, max_tokens, n_ctx)
+    check_prompts_fit(instances, prompts, max_tokens, n_ctx)
     return skipped
 
 
-def check_parallel_fits(instances: list[Instance], prompts: list, max_tokens: int, n_ctx: int) -> None:
-    """N sequences share --n-ctx (n_ctx / N positions each): refuse in one line where a prompt would not fit."""
+def check_prompts_fit(instances: list[Instance], prompts: list, max_tokens: int, n_ctx: int) -> None:
+    """A prompt, its max tokens and a step's gamma + 1 must fit --n-ctx, which N sequences share (n_ctx / N
+    positions each): refused in one line before anything runs (a dry run's estimate too), not unit by unit."""
     from harness.llamacpp import Vocab, load_model
     from harness.models.catalog import resolve
     vocabs = {}
@@ -58,11 +59,17 @@ def check_parallel_fits(instances: list[Instance], prompts: list, max_tokens: in
             vocabs[i.target] = [(len(v.tokenize(p.render(v))), max_tokens or p.max_tokens, p) for p in prompts]
         for n_prompt, mt, p in vocabs[i.target]:
             need, n = n_prompt + mt + i.gamma + 1, i.parallel
-            if n * need > n_ctx:
-                raise HarnessError(
-                    f"--parallel {i.parallel}: {n} sequences x (prompt {n_prompt} + max tokens {mt} + gamma {i.gamma} "
-                    f"+ 1 = {need} positions, prompt {p.id}) need {n * need} but --n-ctx is {n_ctx}, shared among "
-                    f"them: raise --n-ctx to {n * need} or lower --parallel")
+            if n * need <= n_ctx:
+                continue
+            if n == 1:
+                what = f"--max-tokens {mt}" if max_tokens else f"its own max_tokens {mt}"
+                raise HarnessError(f"prompt {p.id} ({n_prompt} tokens) + {what} + gamma {i.gamma} + 1 = {need} "
+                                   f"positions exceed --n-ctx {n_ctx}: raise --n-ctx to {need}, lower the max "
+                                   "tokens, or leave that prompt out")
+            raise HarnessError(
+                f"--parallel {i.parallel}: {n} sequences x (prompt {n_prompt} + max tokens {mt} + gamma {i.gamma} "
+                f"+ 1 = {need} positions, prompt {p.id}) need {n * need} but --n-ctx is {n_ctx}, shared among "
+                f"them: raise --n-ctx to {n * need} or lower --parallel")
 
 
 def cost_needs(instances: list[Instance]) -> set[tuple[str, int, int]]:
@@ -117,7 +124,7 @@ def models_info(names: set[str]) -> dict[str, dict]:
     """What the report header says of each model, recorded in plan.json when the run starts, so a report
     never depends on the model files still being there."""
     from harness.models.catalog import resolve
-    from harness.models.store import read_sidecar
+    from harness.models.store import current_sha, read_sidecar
     from harness.pair import parse_ngram
     out = {}
     for n in sorted(names - {"none"}):
@@ -129,5 +136,70 @@ def models_info(names: set[str]) -> dict[str, dict]:
         note = f"requantized from {side.get('derived_from', m.derive_from)} (never better than its source)" \
             if m.requantized else ""
         out[n] = {"quant": m.quant or side.get("info", {}).get("quant", ""), "bytes": m.path.stat().st_size,
-                  "sha256": side.get("sha256") or m.sha256 or "", "note": note}
+                  "sha256": side.get("sha256") or m.sha256 or current_sha(m.path), "note": note}
     return out
+
+
+def same_models(plan: dict) -> None:
+    """Refuse to resume a run on model files other than those it started with (plan.json's sha256 of each; a
+    plan from before path models had one, their size): one run would mix two files under one name."""
+    from harness.models.catalog import resolve
+    from harness.models.store import current_sha
+    for name, info in sorted((plan.get("models") or {}).items()):
+        if not info.get("sha256") and not info.get("bytes"):
+            continue  # an n-gram lookup
+        try:
+            path = resolve(name).path
+        except HarnessError:
+            continue  # no longer in the catalog: preflight says so
+        if not path.is_file():
+            continue  # preflight says so
+        if info.get("sha256"):
+            was, now = info["sha256"], current_sha(path)
+            what = f"sha256 {was[:12]}..., now {now[:12]}..."
+        else:
+            was, now = info["bytes"], path.stat().st_size
+            what = f"{was} bytes, now {now}"
+        if now != was:
+            raise HarnessError(f"model '{name}' at {path} is not the file this run started with ({what}): restore "
+                               "that file to resume the run, or start a new run")
+
+
+def same_prompts(plan: dict, pool: list) -> None:
+    """Refuse to resume a run whose prompts changed under their ids (plan.json's digest of each, from schema 2):
+    its units would measure two prompts under one name."""
+    was = plan.get("prompt_digests") or {}
+    for p in pool:
+        if p.id in was and p.digest != was[p.id]:
+            raise HarnessError(f"prompt '{p.id}' ({p.category}) changed in the prompt files since this run started: "
+                               "restore its text to resume the run, or start a new run")
+
+
+def out_dir(out: str) -> Path:
+    """--out as given, refused when empty (it would be the current directory)."""
+    if not out.strip():
+        raise HarnessError("--out is empty: give the reports directory (default reports)")
+    return Path(out)
+
+
+# report.render's first line (and the one it wrote before 2026-12-01): how a latest.md the harness wrote is told
+# from the user's own
+REPORT_HEADINGS = (b"# Should I use speculative decoding here?", b"# Speculative decoding benchmark")
+
+
+def check_out(out_root: Path, resume: Path | None) -> None:
+    """Before anything is made: a --out inside a run directory would nest a run in it, and a latest.md there that
+    the harness did not write would be overwritten by the report."""
+    from harness.report import reports_root
+    from harness.rundir import read_plan
+    if resume:
+        read_plan(resume)  # a directory that is not a run says so first
+    o = out_root.resolve()
+    run = None if resume else next((d for d in (o, *o.parents) if (d / "plan.json").is_file()), None)
+    if run is not None:
+        raise HarnessError(f"--out {out_root} is inside the run directory {run}: give a reports directory (runs land "
+                           f"in its runs/), or continue that run with --resume {run}")
+    latest = (reports_root(resume) if resume else out_root) / "latest.md"
+    if latest.exists() and not (latest.is_file() and latest.read_bytes().startswith(REPORT_HEADINGS)):
+        raise HarnessError(f"{latest} was not written by the harness, and the report would replace it: move it "
+                           "away, or give another --out")

@@ -19,7 +19,7 @@ from harness.bench import noise
 from harness.bench.budget import Fit, fit
 from harness.bench.estimate import Weights, remaining_parts, remaining_s, units_s
 from harness.bench.probe import Figures
-from harness.bench.prepare import models_info, preflight, prepare_calibrations
+from harness.bench.prepare import check_out, models_info, preflight, prepare_calibrations, same_models, same_prompts
 from harness.bench.rounds import next_round, open_categories
 from harness.bench.units import Unit, retime_busy, retime_busy_replays, run_replays, run_units
 from harness.errors import HarnessError
@@ -46,6 +46,7 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
               command: str, allow_busy: bool = False, rerun_busy: bool = False, dry_run: bool = False) -> Path | None:
     """The run directory, once the run is done; None for a dry run (the plan printed, nothing run)."""
     from harness.procs import stop_on_signals
+    check_out(out_root, resume)
     locks: list[int] = []  # the run directory's lock, held for the whole invocation
     try:
         with stop_on_signals():  # SIGTERM, SIGHUP: stop like a Ctrl-C
@@ -72,7 +73,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         params = Params(**plan["params"])
         pool = prompt_pool(params, plan["categories"])
         rounds = plan_rounds(plan)
-        _same_models(plan)
+        same_models(plan)
+        same_prompts(plan, pool)
     else:
         instances = expand(params)
         pool = prompt_pool(params) if params.until_confident else prompts
@@ -195,7 +197,17 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
     from harness.promptcache import cache_dir
     shutil.rmtree(cache_dir(run_dir), ignore_errors=True)  # up to ~1 GB; an interrupted run keeps it for --resume
     click.echo(f"estimated {est / 60:.1f} min, took {(time.monotonic() - started) / 60:.1f} min", err=True)
+    _refuse_all_failed(run_dir, md)
     return run_dir
+
+
+def _refuse_all_failed(run_dir: Path, md: Path) -> None:
+    """A run that measured nothing is no answer, though its report (which says why each unit failed) is kept."""
+    rows = finished(run_dir).values()
+    failed = [r for r in rows if r.get("status") == "error"]
+    if failed and not any(r.get("status") == "ok" for r in rows):
+        raise HarnessError(f"every unit of the run failed ({len(failed)}; the first: {failed[0].get('error')}): "
+                           f"{md} says why for each")
 
 
 def _timed_subset(instances: list[Instance], skipped: dict, first: list, params: Params, run_dir: Path, plan: dict,
@@ -220,24 +232,6 @@ def _record_took(run_dir: Path, plan: dict, took: dict[str, float], started: flo
     total["total"] = round(total.get("total", 0.0) + time.monotonic() - started, 1)
     plan["took_s"] = total
     write_plan(run_dir, plan)
-
-
-def _same_models(plan: dict) -> None:
-    """Refuse to resume a run on model files other than those it started with (plan.json's sha256 of each):
-    one run would mix two files under one name."""
-    from harness.models.catalog import resolve
-    from harness.models.store import current_sha
-    for name, info in sorted((plan.get("models") or {}).items()):
-        if not info.get("sha256"):
-            continue
-        try:
-            path = resolve(name).path
-        except HarnessError:
-            continue  # no longer in the catalog: preflight says so
-        if path.exists() and (now := current_sha(path)) != info["sha256"]:
-            raise HarnessError(f"model '{name}' at {path} is not the file this run started with (sha256 "
-                               f"{info['sha256'][:12]}..., now {now[:12]}...): restore that file to resume the run, "
-                               "or start a new run")
 
 
 def _target_fidelity(params: Params, prompts: list, run_dir: Path) -> None:
