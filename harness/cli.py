@@ -321,10 +321,18 @@ def calibrate(model, threads, ngl, k_max, reps, out):
     root = Path(out) if out else cal.CAL_DIR
     cal.check_args(k_max, reps)
     root.mkdir(parents=True, exist_ok=True)  # a --out that cannot be written fails now, not after the measuring
-    c = cal.calibrate(model, threads, ngl, k_max, reps)
+    from harness.analysis.noise import unit_summary
+    from harness.bench import noise
+    from harness.plan import Params
+    with noise.Sampler(Params.busy_threshold) as sampler:  # a calibration taken busy gives predict no verdict
+        c = cal.calibrate(model, threads, ngl, k_max, reps)
+    c["noise"] = sampler.summary()
     path = cal.save(c, root)
     _say(tabulate(cal.table_rows(c), headers=cal.table_headers(c), tablefmt="github"))
     _say(f"{c['model']}, {c['threads']} threads, ngl {c['ngl']}: saved to {path}")
+    if (busy := unit_summary(c["noise"]))["busy"]:
+        click.echo(f"BUSY: other processes used {busy['foreign_max']:.0%} of the cores while it measured: `harness "
+                   "predict` gives no verdict on this calibration; take it again on a quiet machine", err=True)
 
 
 @cli.command()
