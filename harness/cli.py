@@ -280,15 +280,16 @@ def report(run_dir, formats, check_only):
     if not rd.is_dir():
         raise HarnessError(f"{run_dir}: no such run directory")
     if check_only:
-        diffs = report_mod.check(rd)
-        if diffs:
-            click.echo("\n".join(diffs[:20]))
-            raise HarnessError(f"the report disagrees with its traces in {len(diffs)} place(s)")
-        click.echo("report matches the traces")
+        causes, diffs = report_mod.differences(rd)
+        if causes or diffs:
+            click.echo("\n".join((causes + diffs)[:20]))
+            raise HarnessError(report_mod.disagreement(causes, diffs))
+        _say("report matches the traces")
         return
-    fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
-    md = report_mod.write_reports(rd, fmts)
-    click.echo(str(md) if "md" in fmts else str(rd))
+    fmts = report_mod.parse_formats(formats)
+    with report_mod.writable(rd, "report"):
+        md = report_mod.write_reports(rd, fmts)
+    _say(str(md) if "md" in fmts else str(rd))
 
 
 @cli.command()

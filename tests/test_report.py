@@ -1,0 +1,226 @@
+"""`harness report` and `report --check` on a run that was damaged or forged after bench wrote it, or given
+arguments that cannot work (issue 43): each row says what was done to the run, the command, and the one line that
+names the cause. No model runs: the run is a copy of the smallest committed one, its report rendered afresh."""
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.report.archive import size
+from harness.rundir import trace_files
+from tests.helpers import ROOT, copy_run, harness, one_line_error
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """The smallest committed run with its report and every export, written by this harness."""
+    runs = [p for p in (ROOT / "reports" / "runs").glob("2*") if p.is_dir() and (p / "plan.json").exists()]
+    run = copy_run(min(runs, key=size), tmp_path_factory.mktemp("base"))
+    r = harness("report", run, "--format", "md,csv,json,parquet")
+    assert r.returncode == 0, r.stderr
+    return run
+
+
+@pytest.fixture
+def run(base, tmp_path) -> Path:
+    run = copy_run(base, tmp_path)
+    assert harness("report", run, "--check").returncode == 0
+    return run
+
+
+def _trace(run: Path) -> Path:
+    return next(f for f in trace_files(run) if f.parent == run / "traces" and f.name.startswith("g"))
+
+
+def _trace_lines(run: Path) -> list[bytes]:
+    return gzip.decompress(_trace(run).read_bytes()).split(b"\n")
+
+
+def _write_trace(run: Path, lines: list[bytes]) -> None:
+    _trace(run).write_bytes(gzip.compress(b"\n".join(lines), mtime=0))
+
+
+def _mid_line_cut(run):
+    lines = _trace_lines(run)
+    lines[5] = lines[5][:20]
+    _write_trace(run, lines)
+
+
+def _gzipped_twice(run):
+    f = _trace(run)
+    f.write_bytes(gzip.compress(f.read_bytes(), mtime=0))
+
+
+def _invalid_utf8(run):
+    f = _trace(run)
+    lines = gzip.decompress(f.read_bytes()).split(b"\n")
+    lines[3] = lines[3][:30] + b"\xff\xfe" + lines[3][30:]
+    f.with_name(f.name.removesuffix(".gz")).write_bytes(b"\n".join(lines))  # a plain trace: read before the .gz
+    f.unlink()
+
+
+def _rows(run) -> list[dict]:
+    return [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
+
+
+def _set_rows(run, rows: list) -> None:
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _conflicting_row(run):
+    rows = _rows(run)
+    _set_rows(run, rows + [rows[0] | {"wall_s": rows[0]["wall_s"] / 2}])
+
+
+def _list_row(run):
+    _set_rows(run, _rows(run) + [[1, 2]])
+
+
+def _row_without_config(run):
+    rows = _rows(run)
+    _set_rows(run, rows + [{k: v for k, v in rows[0].items() if k not in ("unit", "config")}])
+
+
+def _null_noise(run):
+    with open(run / "noise.jsonl", "a") as f:
+        f.write("null\n")
+
+
+def _forged_answer(run):
+    answer = json.loads((run / "answer.json").read_text())
+    (run / "answer.json").write_text(json.dumps([a | {"verdict": "speculate"} for a in answer], indent=1))
+
+
+def _forged_parquet(run):
+    (run / "verdicts.parquet").write_bytes((run / "metrics.parquet").read_bytes())
+
+
+def _without(*keys):
+    def damage(run):
+        rows = _rows(run)
+        rows[1] = {k: v for k, v in rows[1].items() if k not in keys}
+        _set_rows(run, rows)
+    return damage
+
+
+def _status_error(run):
+    rows = _rows(run)
+    rows[1]["status"] = "error"
+    _set_rows(run, rows)
+
+
+def _empty_trace(run):
+    _trace(run).write_bytes(gzip.compress(b"", mtime=0))
+
+
+# (case, damage, words the one error line of `report --check` holds; "TRACE" stands for the damaged trace's path)
+CHECK_ROWS = [
+    ("1 a damaged line mid-trace", _mid_line_cut, ["TRACE", "line 6 is damaged", "restore"]),
+    ("2 a row twice, with other values", _conflicting_row, ["results.jsonl", "lines 1 and", "two different results",
+                                                            "wall_s"]),
+    ("3 a forged answer.json", _forged_answer, ["disagrees", "1 place"]),
+    ("3 a forged Parquet export", _forged_parquet, ["disagrees", "1 place"]),
+    ("5 a results line that is a JSON list", _list_row, ["results.jsonl", "is a JSON list", "restore"]),
+    ("5 a results row without unit and config", _row_without_config, ["results.jsonl", "names no configuration"]),
+    ("5 null in noise.jsonl", _null_noise, ["noise.jsonl line", "is null", "restore"]),
+    ("5 a trace gzipped twice", _gzipped_twice, ["TRACE", "gzipped twice", "gzip -dc"]),
+    ("5 a plain trace with invalid UTF-8", _invalid_utf8, ["line 4 is damaged (not UTF-8)"]),
+    ("9 its status removed from a row", _without("status"), ["results.jsonl line 2", "lacks status",
+                                                             "; the report disagrees with its traces in"]),
+    ("9 its memory removed from a row", _without("peak_rss_bytes", "kv_bytes"),
+     ["results.jsonl line 2", "lacks peak_rss_bytes, kv_bytes", "; the report disagrees with its traces in"]),
+    ("9 a status changed to error", _status_error, ["results.jsonl line 2", "status error without the error",
+                                                    "; the report disagrees with its traces in"]),
+    ("9 a trace replaced by an empty .gz", _empty_trace, ["TRACE_NAME is empty", "--resume",
+                                                          "; the report disagrees with its traces in"]),
+]
+
+
+@pytest.mark.parametrize("case, damage, words", CHECK_ROWS, ids=[r[0] for r in CHECK_ROWS])
+def test_check_names_what_was_done_to_the_run(run, case, damage, words):
+    trace = _trace(run)
+    damage(run)
+    r = harness("report", run, "--check")
+    path = str(trace if trace.exists() else trace.with_name(trace.name.removesuffix(".gz")))
+    one_line_error(r, *(w.replace("TRACE_NAME", trace.name).replace("TRACE", path) for w in words))
+    if case.startswith("1"):  # the report refuses too: it would skip the line and change the figures
+        md = (run.parent.parent / f"{run.name}.md").read_text()
+        one_line_error(harness("report", run), path, "line 6 is damaged")
+        assert (run.parent.parent / f"{run.name}.md").read_text() == md
+
+
+def test_a_line_cut_short_at_the_end_of_a_trace_is_still_skipped(run):
+    """What a kill mid-write leaves (an unfinished unit's last line) is no damage."""
+    lines = _trace_lines(run)
+    assert lines[-1] == b""
+    _write_trace(run, lines[:-1] + [b'{"type": "st'])
+    assert harness("report", run, "--check").returncode == 0
+
+
+@pytest.mark.parametrize("forge", [_forged_answer, _forged_parquet], ids=["json", "parquet"])
+def test_report_rewrites_a_forged_export_and_check_names_it(run, forge):
+    forge(run)
+    r = harness("report", run, "--check")
+    name = "answer.json" if forge is _forged_answer else "verdicts.parquet"
+    assert f"{name} differs from what the traces give" in r.stdout, r.stdout
+    assert harness("report", run).returncode == 0  # every export the run holds is written again
+    assert harness("report", run, "--check").returncode == 0
+
+
+def test_report_through_the_latest_link_writes_and_checks_the_runs_own_report(run):
+    """`make report` is `harness report reports/runs/latest`: <run>.md is written too, and checked."""
+    (run.parent / "latest").symlink_to(run.name)
+    md, latest = run.parent.parent / f"{run.name}.md", run.parent.parent / "latest.md"
+    md.write_text(md.read_text().replace("## Machine and run", "## Machine and run (stale)"))
+    latest.unlink(missing_ok=True)
+    r = harness("report", run.parent / "latest")
+    assert r.returncode == 0 and r.stdout.strip() == str(md.resolve()), r.stdout + r.stderr
+    assert latest.read_text() == md.read_text() and "(stale)" not in md.read_text()
+    assert harness("report", run.parent / "latest", "--check").returncode == 0
+    latest.write_text(latest.read_text() + "edited\n")
+    r = harness("report", run.parent / "latest", "--check")
+    one_line_error(r, "disagrees")
+    assert "latest.md has" in r.stdout
+    assert harness("report", run, "--check").returncode == 0  # the run's own report is right
+
+
+@pytest.mark.parametrize("formats, words", [("", ["--format ''", "names no format", "md, csv, json, parquet"]),
+                                            (",,,", ["--format ',,,'", "names no format"]),
+                                            ("md,xml", ["xml is not a format", "md, csv, json, parquet"])],
+                         ids=["empty", "commas", "unknown"])
+def test_a_format_list_that_names_nothing_writes_nothing(run, formats, words):
+    before = {f: f.stat().st_mtime_ns for f in (*run.parent.parent.glob("*.md"), *run.glob("*.*"))}
+    one_line_error(harness("report", run, "--format", formats), *words)
+    assert {f: f.stat().st_mtime_ns for f in before} == before
+
+
+def test_a_read_only_run_is_reported_without_a_write_and_refused_with_advice_that_applies(run, monkeypatch):
+    """An intact results.jsonl is only read; a refused write says to copy the run (report has no --out)."""
+    from harness import report
+    from harness import trace as trace_mod
+    modes = []
+    monkeypatch.setattr(trace_mod, "open", lambda f, mode="r", *a, **k: modes.append(mode) or open(f, mode, *a, **k),
+                        raising=False)
+
+    def refused(run_dir, data):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(run_dir / "plots" / "verdicts.png"))
+    monkeypatch.setattr(report, "draw_plots", refused)
+    line = one_line_error(harness("report", run), "Read-only file system", "copy the run somewhere writable",
+                          f"`harness report DIR/{run.name}`")
+    assert "--out" not in line
+    assert modes and all(m == "rb" for m in modes)
+
+
+@pytest.mark.parametrize("args", [["--check"], []], ids=["check", "report"])
+def test_a_result_lost_to_a_closed_stdout_is_not_success(run, args):
+    r = subprocess.run(["sh", "-c", '"$0" -m harness.cli report "$@" >&-', sys.executable, str(run), *args],
+                       cwd=ROOT, env=os.environ | {"CI": "true"}, capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    one_line_error(r, "cannot write the output to standard output", "closed")
