@@ -302,7 +302,7 @@ def archive(run_dir):
     from harness.report.archive import archive_command
     if not Path(run_dir).is_dir():
         raise HarnessError(f"{run_dir}: no such run directory")
-    click.echo(archive_command(Path(run_dir)))
+    _say(archive_command(Path(run_dir)))
 
 
 @cli.command()

@@ -153,3 +153,66 @@ def test_archive_restores_the_plain_traces_when_the_figures_would_change(plain_r
         archive(run)
     assert {f: f.read_bytes() for f in trace_files(run)} == files
     assert {f.relative_to(run) for f in run.rglob("*")} == {f.relative_to(plain_run) for f in plain_run.rglob("*")}
+
+
+def _hold_lock(run: Path):
+    """The run's lock held, as a running bench holds it (rundir.lock_run), by a process whose pid it names."""
+    import fcntl
+    import os
+    import subprocess
+    holder = subprocess.Popen(["sleep", "60"])
+    fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{holder.pid}\n".encode())
+    return holder, fd
+
+
+def _nest(run: Path) -> None:
+    """What `harness bench --out RUN` leaves in RUN: a run under runs/, and its reports beside it."""
+    inner = run / "runs" / "20261205-000000-vm"
+    (inner / "traces").mkdir(parents=True)
+    (inner / "plan.json").write_text("{}")
+    for name in ("20261205-000000-vm.md", "latest.md"):
+        (run / name).write_text("# another run\n")
+
+
+def _read_only(monkeypatch):
+    """The first write archive makes, refused as a read-only file system refuses it."""
+    import errno
+    import os
+
+    from harness.report import archive as archive_mod
+
+    def refused(f):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(f))
+    monkeypatch.setattr(archive_mod, "compress", refused)
+
+
+# (case, what is done to the run, words of the one error line; words it must not hold)
+REFUSALS = [
+    ("10 a bench is running it", _hold_lock, ["a bench (pid PID) is running", "let it finish"], ["--resume"]),
+    ("11 another run nested in it", _nest, ["holds another run", "move runs, 20261205-000000-vm.md, latest.md out",
+                                            "nothing archived"], []),
+    ("6 a read-only run", None, ["Read-only file system", "copy the run somewhere writable",
+                                 "`harness archive DIR/RUN`"], ["--out"]),
+]
+
+
+@pytest.mark.parametrize("case, damage, words, not_words", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_archive_refuses_with_the_cause_and_keeps_the_run(plain_run, tmp_path, monkeypatch, case, damage, words,
+                                                          not_words):
+    import os
+    run = copy_run(plain_run, tmp_path)
+    held = damage(run) if damage else _read_only(monkeypatch)
+    before = {f.relative_to(run): f.read_bytes() for f in run.rglob("*") if f.is_file()}
+    try:
+        pid = str(held[0].pid) if held else ""
+        line = one_line_error(harness("archive", run), *(w.replace("PID", pid).replace("RUN", run.name) for w in words))
+    finally:
+        if held:
+            os.close(held[1])
+            held[0].kill()
+            held[0].wait()
+    assert not any(w in line for w in not_words), line
+    assert {f.relative_to(run): f.read_bytes() for f in run.rglob("*") if f.is_file()} == before

@@ -10,11 +10,11 @@ from pathlib import Path
 import polars as pl
 
 from harness.errors import HarnessError
-from harness.report import EXPORT_FORMATS, EXPORTS, check, reports_root
+from harness.report import EXPORT_FORMATS, EXPORTS, LATEST, check, reports_root, run_of, writable
 from harness.report.concurrency import PLOT as CONCURRENCY_PLOT
 from harness.report.render import VERDICT_PLOT, render_markdown
 from harness.report.tables import compute
-from harness.rundir import LOCK_FILE, read_plan, trace_files, unfinished
+from harness.rundir import LOCK_FILE, RUNS_DIR, read_plan, trace_files, unfinished
 from harness.trace import GZ, compress, decompress
 
 FIRST_SCREEN = (VERDICT_PLOT, CONCURRENCY_PLOT)  # the plots the report shows before "Machine and run": kept
@@ -46,17 +46,51 @@ def same(a: dict[str, pl.DataFrame], b: dict[str, pl.DataFrame]) -> bool:
     return True
 
 
+def running(run_dir: Path) -> str | None:
+    """The pid of the bench that holds the run's lock (rundir.lock_run) now; None when none does."""
+    import fcntl
+    import os
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: no bench has run it since locks were taken, or none is running
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except OSError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # releases the lock this took, if it took one
+
+
+def nested(run_dir: Path) -> list[str]:
+    """The entries of the run directory that hold another run: a bench whose --out was this run wrote its run
+    under runs/ here, and that run's reports beside it. Archived, they would be committed inside this run."""
+    runs = [p.parent for p in run_dir.rglob("plan.json") if p.parent != run_dir]
+    tops = {p.relative_to(run_dir).parts[0] for p in runs} | ({RUNS_DIR} if (run_dir / RUNS_DIR).is_dir() else set())
+    reports = [n for n in sorted({f"{r.name}.md" for r in runs} | {f"{LATEST}.md"}) if (run_dir / n).exists()]
+    return sorted(tops) + reports if tops else []
+
+
 def archive(run_dir: Path) -> dict:
     """Archive a finished run whose report matches its traces; what was gzipped and dropped, and its size in
     bytes before and after."""
+    run_dir = run_of(run_dir)[0]
     plan = read_plan(run_dir)  # a directory that is not a run says so first
+    pid = running(run_dir)
+    if pid is not None:
+        raise HarnessError(f"a bench (pid {pid}) is running {run_dir}: let it finish, then archive the run")
+    inside = nested(run_dir)
+    if inside:
+        raise HarnessError(f"{run_dir} holds another run (a `harness bench --out` that named this run wrote it "
+                           f"there): move {', '.join(inside)} out of it, then archive it; nothing archived")
     left = unfinished(run_dir, plan)
     if left:
         raise HarnessError(f"{run_dir} is not finished (no result yet for {', '.join(left[:3])}"
                            f"{f' and {len(left) - 3} more' if len(left) > 3 else ''}): finish it with "
                            f"`harness bench --resume {run_dir}` before archiving it")
     figures = compute(run_dir)
-    diffs = check(run_dir, figures)
+    diffs = check(run_dir, figures, exports=False)  # the exports go: what they say does not matter
     if diffs:
         raise HarnessError(f"the report of {run_dir} already disagrees with its traces in {len(diffs)} place(s) "
                            f"(see `harness report {run_dir} --check`): nothing archived")
@@ -92,7 +126,8 @@ def archive(run_dir: Path) -> dict:
 
 
 def archive_command(run_dir: Path) -> str:
-    a = archive(run_dir)
+    with writable(run_dir, "archive"):
+        a = archive(run_dir)
     mib = 2 ** 20
     dropped = ", ".join(a["dropped"]) or "nothing"
     return (f"{run_dir}: gzipped {len(a['gzipped'])} trace file(s); dropped {dropped}; {a['before']:,} -> "
