@@ -69,7 +69,8 @@ def draw_plots(run_dir: Path, data: dict[str, pl.DataFrame]) -> None:
         return
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
-    plots.verdicts(data["replay_verdicts"] if "replay_verdicts" in data else data.get("verdicts"), out)
+    from harness.report.answer import answer_frame
+    plots.verdicts(answer_frame(data, read_plan(run_dir)), out)  # the answer, as its first lines give it
     plots.gamma_curves(sweep, out)
     cm = data.get("cost_model")
     points = [] if cm is None else [(r["predicted"], r["speedup"], r["category"]) for r in cm.iter_rows(named=True)
