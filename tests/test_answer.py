@@ -73,7 +73,7 @@ def test_a_halved_pace_from_a_busy_baseline_gives_no_speculate():
     assert levels == {B: LEVEL_REPLAY}
     got = _answers(_pred({}, levels[B]))
     assert all(a["verdict"] != SPECULATE for a in got)
-    assert all("busy machine" in a["why"] for a in got)
+    assert all("as its plain baseline ran on a busy machine" in sentence(a) for a in got)
     # the replay itself busy: no verdict at all, with the reason on the answer's line
     levels = replay_levels([B], None, {f"replay/{B}": {"shares": [0.5] * 20, "threshold": 0.05}})
     got = _answers(_pred(halved, levels[B]))

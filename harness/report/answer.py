@@ -10,7 +10,7 @@ import polars as pl
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SETTLED, SPECULATE
 from harness.report.fmt import beside, ci
 from harness.report.replayed import confirmation
-from harness.report.verdicts import GROUP
+from harness.report.verdicts import GROUP, LEVEL_REPLAY
 
 VARY = ("target", "ngl", "threads", "setup")
 
@@ -87,7 +87,7 @@ def _timed(r: dict, by_id: dict, n_ctx: int, sweep: pl.DataFrame | None) -> dict
 def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFrame, note: str = "") -> dict:
     from harness.report.howto import howto_for_instance, rule_differs
     a = {k: r.get(k) for k in (*VARY, "category", "policy", "verdict", "speedup", "lo", "hi", "at_most", "further",
-                               "min_gain", "why")} | {"configuration": name, "source": source}
+                               "min_gain", "why", "levelled")} | {"configuration": name, "source": source}
     how = howto_for_instance(inst, n_ctx) if inst is not None and r["verdict"] == SPECULATE else None
     a |= {"server": how and how.server, "speculative_simple": how and how.speculative_simple,
           "python": how and how.python, "note": " ".join(x for x in (note, how.note) if x) if how else ""}
@@ -101,7 +101,14 @@ def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFra
 
 def sentence(a: dict) -> str:
     """'code, greedy: speculate: ngram:3 γ 2, 1.31x [1.12, 1.52]'; 'creative, T=0.7: no gain worth having (best
-    1.01x, at most 1.03x)'."""
+    1.01x, at most 1.03x)'; with, where its plain baseline ran busy, what the prediction was levelled to."""
+    line = _sentence(a)
+    if a.get("levelled") == LEVEL_REPLAY and a["verdict"] in (*SETTLED, INCONCLUSIVE):
+        line += "; predicted at the replay's own decode cost, as its plain baseline ran on a busy machine"
+    return line
+
+
+def _sentence(a: dict) -> str:
     where = f"{a['category']}, {a['policy']}"
     gain = f"{a['min_gain']:.0%}"
     v = a["verdict"]

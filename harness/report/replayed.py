@@ -12,7 +12,7 @@ from harness.analysis.verdict import (BEYOND, BUSY, INCONCLUSIVE, MIN_GAIN, NO_G
                                       decide)
 from harness.report.fmt import beside, ci, f, table
 from harness.report.sections import timing_floor
-from harness.report.verdicts import LEVEL_BUSY, LEVEL_REPLAY, speculated
+from harness.report.verdicts import LEVEL_BUSY, speculated
 
 GROUP = ["target", "ngl", "threads", "setup", "policy", "category"]
 SHOWN_GAMMAS = (1, 2, 4, 8)
@@ -40,9 +40,6 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN, group: list[
         kind, why = _defect(g)
         if kind:
             v = replace(v, kind=kind, why=why)
-        elif "levelled" in g.columns and g["levelled"][0] == LEVEL_REPLAY:
-            v = replace(v, why="; ".join(w for w in (v.why, "levelled to the replay's own decode cost: the plain "
-                                                               "baseline ran on a busy machine") if w))
         rows.append(dict(zip(group, key)) | {"verdict": v.kind, "proposer": x["proposer"], "gamma": x["gamma"],
                                              "adaptive": x["adaptive"],
                                              "speedup": x["speedup"], "lo": v.lo, "hi": v.hi, "adjusted": v.adjusted,
@@ -50,7 +47,8 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN, group: list[
                                              "min_gain": v.min_gain, "at_most": v.at_most, "why": v.why,
                                              "draft": x["draft"], "verify": x["verify"], "base": x.get("base"),
                                              "timed": x.get("timed_speedup"), "timed_lo": x.get("timed_speedup_lo"),
-                                             "timed_hi": x.get("timed_speedup_hi")})
+                                             "timed_hi": x.get("timed_speedup_hi"),
+                                             "levelled": g["levelled"][0] if "levelled" in g.columns else None})
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
