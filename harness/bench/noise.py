@@ -14,10 +14,13 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
+from harness.analysis.noise import unit_summary
 from harness.errors import HarnessError
+from harness.rundir import noise_records
 
 SAMPLE_S = 1.0
 
@@ -154,3 +157,9 @@ class Sampler:
         return {"shares": [round(x, 4) for x in self.shares], "threshold": self.threshold,
                 "own_shares": [round(x, 4) for x in self.own], "asked": self.asked,
                 "load1": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+def busy_units(run_dir: Path, units: list[str]) -> list[str]:
+    """Of these units, those whose last measurement ran on a busy machine (or slowed)."""
+    recs = noise_records(run_dir)
+    return [u for u in units if u in recs and unit_summary(recs[u])["busy"]]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.bench.noise import busy_units
 from harness.plan import Instance
 
 
@@ -91,7 +92,6 @@ def held_out_predictions(run_dir: Path, firsts: dict[str, list[str]]) -> tuple[p
     records = [r for r in records if r.get("prompt_id") not in skip]
     # the plain speed each category's prediction is levelled to, over the same prompts; a baseline that ran busy
     # levels nothing (its replay's own decode cost stands: report.verdicts.replay_levels)
-    from harness.bench.units import busy_units
     bases = {r["config"] for r in records}
     plain_units = {u for u, r in finished(run_dir).items() if r.get("status") == "ok" and r["config"] in bases}
     plain_units -= set(busy_units(run_dir, sorted(plain_units)))

@@ -11,7 +11,7 @@ from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
 from harness.bench import noise
 from harness.bench.estimate import Weights
 from harness.plan import Instance, Params
-from harness.rundir import finished, noise_records, record_noise, unit_id
+from harness.rundir import finished, record_noise, unit_id
 from harness.sampling import Policy
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
@@ -52,19 +52,13 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights
         click.echo(f"{title}: {status}{busy}", err=True)
 
 
-def busy_units(run_dir: Path, units: list[str]) -> list[str]:
-    """Of these units, those whose last measurement ran on a busy machine (or slowed)."""
-    recs = noise_records(run_dir)
-    return [u for u in units if u in recs and unit_summary(recs[u])["busy"]]
-
-
 def retime_busy(units: list[Unit], params: Params, run_dir: Path, weights: Weights,
                 left_s: Callable[[], float | None]) -> None:
     """The units of a pass that ran busy, measured once more at its end (a spell of foreign load passes; the new
     rows replace the old), where that fits in the budget: left_s(), the seconds it leaves beyond the rest of the
     run's estimate (None: no budget). A unit busy again, or not measured again, stays marked, and no verdict
     rests on it."""
-    ids = busy_units(run_dir, [unit_id(i.id, r) for i, r, _ in units])
+    ids = noise.busy_units(run_dir, [unit_id(i.id, r) for i, r, _ in units])
     if ids and _fits(ids, finished(run_dir), left_s(), run_dir):
         run_units([x for x in units if unit_id(x[0].id, x[1]) in ids], params, run_dir, weights)
 
@@ -73,7 +67,7 @@ def retime_busy_replays(instances: list[Instance], skipped: dict, prompts: list,
                         weights: Weights, left_s: Callable[[], float | None]) -> None:
     """retime_busy for the replays: a busy one's decode costs, which its predictions use, measured once more."""
     from harness.rundir import REPLAY_DIR
-    ids = busy_units(run_dir, [f"replay/{i.id}" for i in instances if i.baseline])
+    ids = noise.busy_units(run_dir, [f"replay/{i.id}" for i in instances if i.baseline])
     done = {f"replay/{u}": r for u, r in finished(run_dir / REPLAY_DIR).items()}
     if ids and _fits(ids, done, left_s(), run_dir):
         run_replays(instances, skipped, prompts, params, run_dir, weights, again={u.removeprefix("replay/")
