@@ -16,7 +16,8 @@ from harness.concurrency.loop import BatchedDraft, generate_concurrent
 from harness.engine import Engine, EngineConfig
 from harness.loop import Request, generate
 from harness.models.catalog import resolve
-from harness.proposers import DraftModelProposer, Drafting
+from harness.drafting import Drafting
+from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
 

@@ -71,7 +71,7 @@ def loop(a, unified: bool) -> dict:
     from harness.loop import Request
     from harness.pair import open_pair
     from harness.prompts import load
-    from harness.proposers import Drafting
+    from harness.drafting import Drafting
     from harness.sampling import Policy
     from harness.trace import TraceWriter
     cfg = EngineConfig(n_ctx=a.n_ctx, n_seq=a.parallel, kv_unified=unified)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from harness.engine import Engine, EngineConfig
 from harness.errors import HarnessError
+from harness.gamma import N_BATCH
 from harness.models.catalog import require_present, resolve
 from harness.sysinfo import collect, header
 
@@ -49,7 +50,6 @@ def time_blocks(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int,
 
 def check_args(k_max: int, reps: int) -> None:
     """Refuse, before any model loads, what cannot be measured: a block of k tokens decodes in one batch."""
-    from harness.plan import N_BATCH
     if k_max < 1 or reps < 1:
         raise HarnessError("--k-max and --reps must be >= 1")
     if k_max > N_BATCH:

@@ -137,7 +137,7 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
     from pathlib import Path
 
     from harness.engine import EngineConfig
-    from harness.proposers import Drafting
+    from harness.drafting import Drafting
     from harness.runner import check_options, given_prompt, run_one
     from harness.sampling import Policy
     policy = Policy(temperature, top_k, top_p, min_p, seed)
@@ -238,8 +238,8 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_ru
     from pathlib import Path
 
     from harness.bench.prepare import out_dir
-    from harness.bench.run import command_line, first_round, run_bench
-    from harness.plan import Params, load_profile, make_params
+    from harness.bench.run import command_line, run_bench
+    from harness.plan import Params, first_round, load_profile, make_params
     command = command_line(click.get_current_context().obj["argv"])
     if len(profile) > 1:
         raise HarnessError(f"--profile given {len(profile)} times ({', '.join(profile)}): give one, and options "

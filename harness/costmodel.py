@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.errors import HarnessError
-from harness.gamma import gamma_cap
+from harness.gamma import gamma_cap, require_fits_batch
 
 
 def expected_tokens(alpha, gamma: int):
@@ -31,7 +31,6 @@ class Costs:
 
     def verify(self, k: int) -> float:
         if k > len(self.target_ms):
-            from harness.plan import require_fits_batch
             require_fits_batch(k - 1)
             raise HarnessError(f"calibration covers k <= {len(self.target_ms)}, gamma needs {k}: recalibrate "
                                f"with --k-max {k}")

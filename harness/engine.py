@@ -12,7 +12,6 @@ import numpy as np
 
 from harness.errors import HarnessError
 from harness.llamacpp import Vocab, captured_log, llama, load_model, memory_breakdown, require_offload
-from harness.promptcache import evaluate_prompt
 
 # llama.cpp's -ctk/-ctv types
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -262,20 +261,3 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def teacher_forced(engine, prompt_tokens: list[int], output: list[int], cache=None) -> np.ndarray:
-    """Logits [len(output), n_vocab] predicting each output token, from one batched pass over the prompt and
-    output (chunks of n_batch): row j comes from the position of the token before output[j]. cache: the run's
-    prompt cache (promptcache.PromptCache), for the prompt but its last token."""
-    engine.reset()
-    if not output:
-        return np.zeros((0, engine.n_vocab), dtype=np.float32)
-    evaluate_prompt(engine, prompt_tokens[:-1], cache)
-    block = [prompt_tokens[-1], *output[:-1]]
-    out = np.empty((len(block), engine.n_vocab), dtype=np.float32)
-    nb = engine.cfg.n_batch
-    for s in range(0, len(block), nb):
-        chunk = block[s:s + nb]
-        out[s:s + len(chunk)] = engine.decode(chunk, logits="all")  # copy: the view dies at the next decode
-    return out

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.engine import teacher_forced
 from harness.errors import HarnessError
 from harness.models.catalog import Model
 from harness.models.store import read_sidecar
 from harness.procs import death, peak_rss_bytes, run_isolated
+from harness.promptcache import teacher_forced
 from harness.prompts import Prompt
 
 CAPTION = ("alpha = sum min(p, q) and top-1 agreement vs the reference, teacher-forced on the reference's greedy "

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.divergence import margin as top2_margin
+from harness.drafting import Proposal
 from harness.engine import Engine
 from harness.errors import HarnessError
 from harness.gamma import gamma_cap
 from harness.promptcache import PromptCache, evaluate_prompt, timed
-from harness.proposers import Proposal
 from harness.sampling import Policy, process, top_prob
 from harness.trace import TraceWriter
 from harness.verify import Verdict, verify_exact, verify_greedy, verify_stochastic
@@ -139,7 +139,7 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
              cache: PromptCache | None = None) -> dict:
     """Generate up to req.max_tokens after req.tokens. With no proposer (or gamma 0) this is plain decoding.
     gamma is a fixed draft length or a controller (costmodel.AdaptiveGamma) with begin(), choose(remaining) and
-    observe(alphas, proposed, draft_ms, verify_ms). rule: how sampled drafts are verified (proposers.RULES).
+    observe(alphas, proposed, draft_ms, verify_ms). rule: how sampled drafts are verified (drafting.RULES).
     cache: the run's prompt cache, for the target's prompt (the proposer holds its own); a prompt restored from
     it has no evaluation time, and the generation then no latency (None)."""
     ctl = gamma if hasattr(gamma, "choose") else None

@@ -3,23 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from harness.drafting import Drafting, parse_ngram
 from harness.engine import Engine, EngineConfig
-from harness.errors import HarnessError
 from harness.llamacpp import require_offload
 from harness.models.catalog import Model, require_present, resolve
 from harness.promptcache import PromptCache
-from harness.proposers import DraftModelProposer, Drafting, NgramProposer
-
-
-def parse_ngram(spec: str) -> int | None:
-    """'ngram:N' -> N; None for anything else (a model name or path)."""
-    if not spec.startswith("ngram"):
-        return None
-    _, _, n = spec.partition(":")
-    try:
-        return int(n or 3)
-    except ValueError:
-        raise HarnessError(f"bad n-gram proposer '{spec}': use ngram:N with N >= 1") from None
+from harness.proposers import DraftModelProposer, NgramProposer
 
 
 @dataclass

@@ -12,7 +12,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from harness.analysis.verdict import MIN_GAIN
+from harness.drafting import Drafting, parse_ngram
+from harness.engine import MIN_CTX, EngineConfig
 from harness.errors import HarnessError
+from harness.gamma import N_BATCH, require_fits_batch
+from harness.prompts import load, read_text
 from harness.sampling import Policy
 
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads", "verify",
@@ -39,7 +43,7 @@ class Params:
     ngl: list[int] = field(default_factory=lambda: [0])
     ngl_draft: list[int] = field(default_factory=lambda: [0])
     threads: list[int] = field(default_factory=lambda: [0])
-    verify: list[str] = field(default_factory=lambda: ["leviathan"])  # proposers.RULES
+    verify: list[str] = field(default_factory=lambda: ["leviathan"])  # drafting.RULES
     draft_p_min: list[float] = field(default_factory=lambda: [0.0])
     draft_n_min: list[int] = field(default_factory=lambda: [0])
     cache_type_k: list[str] = field(default_factory=lambda: ["f16"])  # engine.CACHE_TYPES
@@ -72,7 +76,6 @@ class Params:
 
 
 def load_profile(name: str, path: Path | None = None) -> dict:
-    from harness.prompts import read_text
     path = path or profiles_file()
     if not path.exists():
         raise HarnessError(f"profiles file {path} not found")
@@ -150,7 +153,6 @@ def check(p: Params) -> None:
         raise HarnessError(f"--threads {max(p.threads)} exceeds this machine's {cores} logical cores: give at most "
                            f"{cores} (0 = its physical cores)")
     _check_n_min(p)
-    from harness.engine import MIN_CTX
     if p.n_ctx < MIN_CTX:
         raise HarnessError(f"--n-ctx must be at least {MIN_CTX}, got {p.n_ctx}")
     if p.budget_min is not None and p.budget_min <= 0:
@@ -194,17 +196,9 @@ def _check_finite(p: Params) -> None:
                 raise HarnessError(f"--{f.name.replace('_', '-')} must be a finite number, got {x}")
 
 
-def require_fits_batch(gamma: int) -> None:
-    """A step verifies gamma + 1 tokens in one decode, which holds at most N_BATCH."""
-    if gamma + 1 > N_BATCH:
-        raise HarnessError(f"--gamma {gamma}: a step verifies gamma + 1 = {gamma + 1} tokens in one batch of "
-                           f"{N_BATCH}: the largest gamma is {N_BATCH - 1}")
-
-
 def _check_n_min(p: Params) -> None:
     """A model draft shorter than --draft-n-min is dropped, and no draft is longer than gamma: n-min above a
     gamma the sweep pairs it with would never speculate."""
-    from harness.pair import parse_ngram
     if not any(d != "none" and parse_ngram(d) is None for d in p.draft):
         return  # an n-gram lookup has no n-min
     gammas = [g if isinstance(g, int) else int(str(g).partition(":")[2] or 0) for g in p.gamma]
@@ -231,7 +225,6 @@ def check_parallel(p: Params) -> None:
                            f"size {N_BATCH}: lower --parallel or --gamma")
 
 
-N_BATCH = 512  # the engines' n_batch: one step's tokens, all sequences together, must fit in one decode
 ENGINE_KEYS = ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft", "flash_attn", "ubatch")
 
 
@@ -272,7 +265,7 @@ class Instance:
     ngl_draft: int
     threads: int
     adaptive: bool = False  # gamma chosen per step in 0..gamma by the cost model
-    verify: str = "leviathan"  # how drafts are made and checked: proposers.Drafting
+    verify: str = "leviathan"  # how drafts are made and checked: drafting.Drafting
     p_min: float = 0.0
     n_min: int = 0
     cache_k: str = "f16"  # the target's KV cache types (the draft's below), llama.cpp's -ctk/-ctv
@@ -290,7 +283,6 @@ class Instance:
 
     @property
     def drafting(self):
-        from harness.proposers import Drafting
         return Drafting(self.verify, self.p_min, self.n_min)
 
     @property
@@ -312,7 +304,6 @@ class Instance:
         return ", ".join(x for x in parts if x)
 
     def engine_config(self, n_ctx: int):
-        from harness.engine import EngineConfig
         return EngineConfig(n_ctx=n_ctx, n_gpu_layers=self.ngl, threads=self.threads, cache_k=self.cache_k,
                             cache_v=self.cache_v, flash_attn=self.flash_attn, n_ubatch=self.ubatch,
                             n_seq=self.parallel, kv_unified=self.kv_unified)
@@ -346,8 +337,6 @@ LATER_DEFAULTS = {f.name: f.default for f in fields(Instance) if f.name in (
 def _draftings(p: Params, draft: str, greedy: bool) -> list[tuple[str, float, int]]:
     """(verify, p_min, n_min) for a draft: under greedy decoding both rules are one; a lookup has no
     probabilities to test against p-min and drops no short drafts."""
-    from harness.pair import parse_ngram
-    from harness.proposers import Drafting
     out = []
     for v, pm, nm in itertools.product(p.verify, p.draft_p_min, p.draft_n_min):
         Drafting(v, pm, nm)  # refuses an unknown rule or a value out of range, in one line
@@ -383,7 +372,6 @@ def _expand(p: Params) -> list[Instance]:
     require_fits_batch(max((g for g, _ in gammas), default=0))
     policies = [Policy(t, k, tp, mp, p.seed) for t, k, tp, mp in itertools.product(p.temp, p.top_k, p.top_p, p.min_p)]
     policies = list(dict.fromkeys(Policy(0.0, 0, 1.0, 0.0, p.seed) if x.greedy else x for x in policies))
-    from harness.pair import parse_ngram
     out: list[Instance] = []
     for target, ngl, threads, pol, *knobs in itertools.product(p.target, p.ngl, p.threads, policies, p.cache_type_k,
             p.cache_type_v, p.flash_attn, p.ubatch, p.parallel, p.kv_unified):
@@ -406,3 +394,15 @@ def _expand(p: Params) -> list[Instance]:
     if not out:
         raise HarnessError("the sweep expands to no configuration")
     return out
+
+
+def first_round(params: Params) -> list:
+    """A new run's prompts: each category's first params.per_category (0: all)."""
+    return load(params.categories or None, [Path(p) for p in params.prompts] or None, params.per_category)
+
+
+def prompt_pool(params: Params, categories: list[str] | None = None) -> list:
+    """Every prompt the run may use, in each file's order: what --until-confident draws its next prompts from."""
+    if params.prompts:
+        return load(categories=params.categories or None, paths=[Path(p) for p in params.prompts])
+    return load(categories=categories or params.categories or None)

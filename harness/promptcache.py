@@ -1,6 +1,7 @@
 """The run's prompt cache: each model evaluates each prompt once a run, with given engine settings; later uses
 restore sequence 0's KV state from a file. Speed figures leave the prompt's evaluation out, so a restore changes
 none of them; a latency, which includes it, is not measured where a prompt was restored (generate records None).
+evaluate_prompt, timed and teacher_forced drive an engine through it: this module sits above harness.engine.
 
 A file is llama.cpp's sequence state (llama_state_seq_get_data) in a container of our own: a magic, a digest of
 what follows, the token count and tokens, the state. llama.cpp's own state files are not used: it aborts the
@@ -18,17 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from harness.llamacpp import llama
-from harness.rundir import DRIFT_DIR
 
-CACHE_DIR = "prompt-cache"
 MAGIC = b"HKVSEQ01"
 _HEAD = len(MAGIC) + 16  # the magic and a 16-byte digest of the rest
-
-
-def cache_dir(run_dir: Path) -> Path:
-    """The run's cache, which the drift check's workers (run_dir/drift) share."""
-    run_dir = Path(run_dir)
-    return (run_dir.parent if run_dir.name == DRIFT_DIR else run_dir) / CACHE_DIR
 
 
 class PromptCache:
@@ -144,3 +137,20 @@ def timed(cache: PromptCache | None, work) -> float | None:
     ms = (time.perf_counter() - t) * 1e3
     n1, s1 = cache.tally() if cache else (0, 0.0)
     return None if n1 > n0 else ms - (s1 - s0)
+
+
+def teacher_forced(engine, prompt_tokens: list[int], output: list[int], cache: PromptCache | None = None) -> np.ndarray:
+    """Logits [len(output), n_vocab] predicting each output token, from one batched pass over the prompt and
+    output (chunks of n_batch): row j comes from the position of the token before output[j]. cache: the run's
+    prompt cache, for the prompt but its last token."""
+    engine.reset()
+    if not output:
+        return np.zeros((0, engine.n_vocab), dtype=np.float32)
+    evaluate_prompt(engine, prompt_tokens[:-1], cache)
+    block = [prompt_tokens[-1], *output[:-1]]
+    out = np.empty((len(block), engine.n_vocab), dtype=np.float32)
+    nb = engine.cfg.n_batch
+    for s in range(0, len(block), nb):
+        chunk = block[s:s + nb]
+        out[s:s + len(chunk)] = engine.decode(chunk, logits="all")  # copy: the view dies at the next decode
+    return out

@@ -1,57 +1,21 @@
 """Proposers: who guesses the next tokens. Two methods, as in HF's candidate generators:
-propose(context, n) and accepted(context, n_accepted) to keep the proposer's state in sync."""
+propose(context, n) and accepted(context, n_accepted) to keep the proposer's state in sync. What a draft is and how
+it is checked (Drafting, Proposal) is harness.drafting's."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from harness.drafting import Drafting, Proposal, ngram_lookup
 from harness.engine import Engine
 from harness.errors import HarnessError
 from harness.promptcache import PromptCache, evaluate_prompt
 from harness.sampling import Dist, Policy, process, top_share
 
 
-RULES = ("leviathan", "exact")
 P_MIN_TOP_K = 10  # llama.cpp's draft sampler keeps the top 10: p-min tests the top token's share of those
-
-
-@dataclass(frozen=True)
-class Drafting:
-    """How drafts are made and checked. verify: "leviathan" (rejection sampling against the draft's q) or
-    "exact" (llama.cpp's: the draft proposes its top token, the target samples and keeps it while they agree;
-    the same as leviathan under greedy decoding). p_min: drafting stops once the draft's top probability falls
-    below it (llama.cpp's --spec-draft-p-min); n_min: a draft shorter than it is dropped, that step decodes
-    plainly (llama-server's speculative.n_min)."""
-    verify: str = "leviathan"
-    p_min: float = 0.0
-    n_min: int = 0
-
-    def __post_init__(self):
-        if self.verify not in RULES:
-            raise HarnessError(f"unknown verification rule '{self.verify}' (known: {', '.join(RULES)})")
-        if not 0.0 <= self.p_min <= 1.0:
-            raise HarnessError(f"--draft-p-min must be in [0, 1], got {self.p_min:g}")
-        if self.n_min < 0:
-            raise HarnessError(f"--draft-n-min must be >= 0, got {self.n_min}")
-
-    def label(self, draft: str, also: str = "") -> str:
-        """The draft with how it drafts where that is not the default (and `also`: its cache types), as the
-        report's tables name it."""
-        extra = [x for x in ("exact" if self.verify == "exact" else "", f"p-min {self.p_min:g}" if self.p_min else "",
-                             f"n-min {self.n_min}" if self.n_min else "", also) if x]
-        return draft + (f" ({', '.join(extra)})" if extra else "")
-
-    def kept(self, prop: Proposal) -> Proposal:
-        """The proposal, or none where it is shorter than n_min."""
-        return prop if len(prop.tokens) >= self.n_min else Proposal()
-
-
-@dataclass
-class Proposal:
-    tokens: list[int] = field(default_factory=list)
-    q: list[Dist] = field(default_factory=list)  # the distribution each token was drawn from
 
 
 class Proposer(Protocol):
@@ -158,17 +122,7 @@ class NgramProposer:
         pass
 
     def propose(self, context: list[int], n: int) -> Proposal:
-        k = self.n
-        if len(context) <= k:
-            return Proposal()
-        arr = np.asarray(context)
-        key = arr[-k:]
-        windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], k)
-        hits = np.flatnonzero((windows == key).all(axis=1))
-        if not len(hits):
-            return Proposal()
-        start = int(hits[-1]) + k
-        toks = [int(t) for t in arr[start:start + n]]
+        toks = ngram_lookup(context, self.n, n)
         return Proposal(toks, [Dist.point(t) for t in toks])
 
     def accepted(self, context: list[int], n_accepted: int) -> None:

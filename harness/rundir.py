@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.plan import Instance, Params
 from harness.trace import append_record, gzipped, kind, lines, parse, read_numbered, read_records, repair
 
 DRIFT_DIR = "drift"
@@ -27,6 +28,13 @@ FIDELITY_FILE = "fidelity.json"  # a sweep of several targets: each against the 
 REPLAY_DIR = "replay"  # the replay of each baseline unit's outputs (bench.replay), with its own results.jsonl
 RUNS_DIR = "runs"  # under the reports directory
 TRACES_DIR = "traces"  # in the run directory and in each side run (drift/, paired/, replay/)
+CACHE_DIR = "prompt-cache"  # the run's prompt cache (harness.promptcache), until the run is done
+
+
+def cache_dir(run_dir: Path) -> Path:
+    """The run's prompt cache, which the drift check's workers (run_dir/drift) share."""
+    run_dir = Path(run_dir)
+    return (run_dir.parent if run_dir.name == DRIFT_DIR else run_dir) / CACHE_DIR
 
 
 def new_run_dir(root: Path) -> Path:
@@ -112,8 +120,6 @@ def read_plan(run_dir: Path) -> dict:
 def _known_keys(f: Path, plan: dict) -> None:
     """Params(**...) and Instance(**...) of a plan would fail on a key they do not know or a field missing."""
     from dataclasses import MISSING, fields
-
-    from harness.plan import Instance, Params
     for what, rows, cls in (("params", [plan["params"]], Params), ("instances", plan["instances"], Instance)):
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise HarnessError(f"{f}: '{what}' is not as `harness bench` writes it: restore the plan")
@@ -205,7 +211,6 @@ def load_records(run_dir: Path, units: set[str]) -> list[dict]:
 def unfinished(run_dir: Path, plan: dict) -> list[str]:
     """What a run still lacks (empty once bench has finished it): units of the plan without a result line, a
     timed subset not chosen yet, an --until-confident loop that was interrupted or is still going."""
-    from harness.plan import Instance
     done = finished(run_dir)
     timed = plan.get("timed")
     subset = plan.get("params", {}).get("timed_subset")

@@ -9,12 +9,12 @@ import click
 
 from harness.analysis import metrics
 from harness.divergence import blocks, kernel_check
+from harness.drafting import Drafting
 from harness.engine import EngineConfig
 from harness.errors import HarnessError
 from harness.loop import Request, check_fits, generate
 from harness.pair import open_pair
 from harness.prompts import Prompt
-from harness.proposers import Drafting
 from harness.sampling import Policy
 from harness.trace import TraceWriter
 

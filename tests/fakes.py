@@ -1,7 +1,7 @@
 """Scripted stand-ins for a llama.cpp target and a proposer: exact control over what each says, no model."""
 import numpy as np
 
-from harness.proposers import Proposal
+from harness.drafting import Proposal
 from harness.sampling import Dist
 
 EOS, V = 0, 16

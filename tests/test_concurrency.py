@@ -136,7 +136,8 @@ def test_batched_greedy_outputs_equal_each_request_decoded_alone(engines, n):
     request its own plain greedy output."""
     from harness.concurrency.loop import BatchedDraft
     from harness.loop import generate
-    from harness.proposers import Drafting, NgramProposer
+    from harness.drafting import Drafting
+    from harness.proposers import NgramProposer
     from harness.sampling import Policy
     target, draft = engines
     reqs = requests(target.vocab)
@@ -161,7 +162,7 @@ def test_batched_sampling_draws_each_request_from_its_own_streams(engines):
     """Under sampling the verifier runs per sequence with the request's own seeds: a request's output does not
     depend on which others share the batch (n = 1 against n = 3, with the draft's p-min and n-min in play)."""
     from harness.concurrency.loop import BatchedDraft
-    from harness.proposers import Drafting
+    from harness.drafting import Drafting
     from harness.sampling import Policy
     target, draft = engines
     reqs = requests(target.vocab, 16)
@@ -234,7 +235,7 @@ def test_a_divergence_in_a_batched_run_is_replayed_in_batches_of_the_same_sequen
     check, and a token the target does not choose either way is still a mismatch."""
     from harness.concurrency.loop import BatchedDraft
     from harness.divergence import blocks, kernel_check
-    from harness.proposers import Drafting
+    from harness.drafting import Drafting
     from harness.sampling import Policy
     target, draft = engines
     reqs = requests(target.vocab)

@@ -7,7 +7,7 @@ import pytest
 from harness.rundir import trace_files
 from harness.trace import read_records
 from harness.plan import Instance, Params, expand
-from harness.proposers import Drafting
+from harness.drafting import Drafting
 from tests.conftest import PROMPT_FILE
 from tests.helpers import ROOT, harness, md_table, one_line_error, report_md
 

@@ -9,7 +9,8 @@ from scipy.stats import chisquare
 import harness.loop as loop
 import harness.verify as verify_mod
 from harness.loop import Request, generate
-from harness.proposers import DraftModelProposer, Drafting
+from harness.drafting import Drafting
+from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
 from harness.verify import Verdict
 from tests.fakes import V, LogitsEngine

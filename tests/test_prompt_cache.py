@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from harness.bench.replay import stepwise_argmax
-from harness.engine import Engine, EngineConfig, teacher_forced
+from harness.engine import Engine, EngineConfig
 from harness.loop import Request, generate
-from harness.promptcache import CACHE_DIR, PromptCache, evaluate_prompt
+from harness.promptcache import PromptCache, evaluate_prompt, teacher_forced
 from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
 from tests.helpers import engine_pair
@@ -158,7 +158,7 @@ def test_the_replays_passes_are_the_same_through_the_cache(engines, tmp_path):
 def test_a_bench_run_with_the_cache(tmp_path, smol, smol_q2k):
     """The speculative unit restores the prompts the baseline unit evaluated (target) and its paired twin's;
     the report shows their latency as not measured; the completed run has no cache left."""
-    from harness.rundir import PAIRED_DIR, trace_files
+    from harness.rundir import CACHE_DIR, PAIRED_DIR, trace_files
     from harness.trace import read_records
     from tests.conftest import D, PROMPT_FILE, T
     from tests.helpers import harness, md_table, only_run, report_md
@@ -198,8 +198,7 @@ def test_the_replay_through_the_cache_writes_the_same_records(replay_run, tmp_pa
     stepwise matches for llama.cpp's rule), replayed again through the cache, saving then restoring: the records
     are the run's own."""
     from harness.bench.replay import replay_unit
-    from harness.bench.run import prompt_pool
-    from harness.plan import Instance, Params
+    from harness.plan import Instance, Params, prompt_pool
     from harness.rundir import REPLAY_DIR, read_plan, trace_path
     from harness.trace import read_records
     from tests.helpers import copy_run

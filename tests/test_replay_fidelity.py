@@ -11,7 +11,8 @@ from harness.analysis.intervals import interval
 from harness.analysis.predict import costs_at, generation, plain_decode_ms, predictions
 from harness.analysis.replay import Step, greedy_steps
 from harness.loop import Request, generate
-from harness.proposers import DraftModelProposer, Drafting
+from harness.drafting import Drafting
+from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
 from tests.fakes import EOS, LogitsEngine

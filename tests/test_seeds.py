@@ -8,7 +8,8 @@ import numpy as np
 
 from harness.concurrency.loop import BatchedDraft, generate_concurrent
 from harness.loop import Request, generate, streams
-from harness.proposers import DraftModelProposer, Drafting
+from harness.drafting import Drafting
+from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
 from tests.fakes import FakeVocab, LogitsEngine, logits_row

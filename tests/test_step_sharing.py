@@ -8,7 +8,8 @@ from harness.concurrency.loop import BatchedDraft, generate_concurrent
 from harness.costmodel import AdaptiveGamma, Costs
 from harness.gamma import gamma_cap
 from harness.loop import Request, generate
-from harness.proposers import DraftModelProposer, Drafting
+from harness.drafting import Drafting
+from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
 from tests.fakes import FakeEngine, LogitsEngine, ScriptedProposer

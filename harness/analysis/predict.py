@@ -14,7 +14,8 @@ import polars as pl
 
 from harness.analysis.intervals import REPLICATES, Generation, Row, row_intervals, step_matrix, widened
 from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, replay_step, step_ms
-from harness.costmodel import Costs
+from harness.costmodel import AdaptiveGamma, Costs
+from harness.drafting import Drafting, ngram_lookup, parse_ngram
 
 FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")
 PLAIN = Step(0, 0, 1)  # a plain decode
@@ -108,7 +109,6 @@ def adaptive_steps(match: list[bool], n: int, max_tokens: int, gamma_max: int, e
                    costs: Costs) -> list[tuple[Step, int]]:
     """Greedy steps with gamma chosen per step by the adaptive controller (costmodel.AdaptiveGamma) told what
     each step accepted and cost, as the loop tells it; with each step's catch-up backlog."""
-    from harness.costmodel import AdaptiveGamma
     ctl = AdaptiveGamma(costs, gamma_max)
     ctl.begin()
     steps, j, backlog = [], 0, 0
@@ -178,7 +178,6 @@ def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dic
     """Rows {config, policy, category, proposer, verify, gamma, kind, prompts, figure, figure_lo, figure_hi, ...}
     from one run's replay records (proposer: the draft as the tables name it, its rule included);
     plain_ms[(config, category)] is the measured plain ms per decode (plain_decode_ms)."""
-    from harness.proposers import Drafting
     prompts = defaultdict(list)
     reps, costs = {}, {}
     for r in records:
@@ -201,11 +200,9 @@ def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dic
 
 def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts: dict, reps: dict, plain_ms: dict,
           gamma_max: int) -> list[dict]:
-    from harness.pair import parse_ngram
-    from harness.proposers import NgramProposer
     greedy, label, out = policy == "greedy", drafting.label(proposer), []
     n = parse_ngram(proposer)
-    lookup = (lambda ctx, k, ng=NgramProposer(n): ng.propose(ctx, k).tokens) if n is not None and greedy else None
+    lookup = (lambda ctx, k: ngram_lookup(ctx, n, k)) if n is not None and greedy else None
     # llama.cpp's rule samples with the plain twin's own draws, so its output is the twin's: replayed exactly like
     # greedy where the draft's matches were kept (older runs kept p of its top token only: expected)
     mine = [r for k, r in reps.items() if k[:2] == (config, policy) and k[3] == proposer]

@@ -100,7 +100,7 @@ def batched_step_costs(inst: Instance, n: int, context: float, fig: Figures):
 
 
 def _draft_model(inst: Instance) -> str | None:
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     return None if inst.baseline or parse_ngram(inst.draft) is not None else inst.draft
 
 
@@ -220,7 +220,7 @@ def replay_prompts_ms(base: Instance, prompts: list, models: list[str], params: 
 
 
 def forced_ms(p: Probe, rows: int, context: float) -> float:
-    """A teacher-forced pass (engine.teacher_forced): `rows` tokens in one batch, every row's logits, after
+    """A teacher-forced pass (promptcache.teacher_forced): `rows` tokens in one batch, every row's logits, after
     `context` cached. Priced as a block, not as a prompt's batch: the logits of every row cost what a
     verification's do (17 rows took the 1.5B Q4_K_M 344 ms on the AMD VM, its prompt rate 186, as a block 328)."""
     return p.blocks(rows, context)[-1] if rows else 0.0
@@ -280,7 +280,7 @@ def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Inst
     without one; the worker starts and model loads of all of them; the reports. run_dir None: a run not started
     yet. A resumed run's prompts are costed as not yet cached."""
     from harness.bench.replay import proposers
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     from harness.rundir import DRIFT_DIR, FIDELITY_FILE, REPLAY_DIR, finished
     ledger = Ledger(params.prompt_cache)
     parts = {"units": sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo)}
@@ -319,6 +319,6 @@ class Weights:
         return generations_ms(inst, prompts, self.params, None, self.fig, self.ledger)
 
     def replay(self, base: Instance, prompts: list, proposers: list[str]) -> list[float]:
-        from harness.pair import parse_ngram
+        from harness.drafting import parse_ngram
         return replay_prompts_ms(base, prompts, [m for m in proposers if parse_ngram(m) is None], self.params,
                                  self.fig, self.ledger)

@@ -51,7 +51,7 @@ def check_memory(instances: list[Instance], n_ctx: int) -> None:
     than is available. Only configurations entirely on the CPU (ngl and ngl_draft 0) are checked: with offload
     the host's share depends on the layers offloaded and the backend, which llama.cpp alone knows."""
     from harness.models.catalog import load_catalog, resolve
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     cat = load_catalog()
     sizes: dict[tuple, tuple[int, int]] = {}  # (model, K type, V type) -> (weights, KV cache) bytes
 

@@ -17,7 +17,7 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
     from harness.bench.memory import check_memory
     from harness.llamacpp import GPU_BUILD_HINT, gpu_offload_supported
     from harness.models.catalog import load_catalog, require_present, resolve
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     from harness.proposers import NgramProposer
 
     cat = load_catalog()
@@ -75,7 +75,7 @@ def check_prompts_fit(instances: list[Instance], prompts: list, max_tokens: int,
 def cost_needs(instances: list[Instance]) -> set[tuple[str, int, int]]:
     """(model, threads, ngl) triples whose decode costs the cost model needs."""
     from harness.engine import EngineConfig
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     out = set()
     for i in instances:
         if i.baseline:
@@ -125,7 +125,7 @@ def models_info(names: set[str]) -> dict[str, dict]:
     never depends on the model files still being there."""
     from harness.models.catalog import resolve
     from harness.models.store import current_sha, read_sidecar
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     out = {}
     for n in sorted(names - {"none"}):
         if parse_ngram(n) is not None:

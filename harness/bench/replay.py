@@ -16,7 +16,7 @@ from pathlib import Path
 
 from harness.bench.worker import isolated_unit, record_attempt
 from harness.plan import Instance, Params
-from harness.rundir import REPLAY_DIR, load_records, trace_path, unit_id
+from harness.rundir import REPLAY_DIR, cache_dir, load_records, trace_path, unit_id
 
 KIND = "replay"
 
@@ -25,9 +25,9 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                 run_dir: Path) -> dict:
     from harness.bench.partial import UNIT, replay_done, resume
     from harness.calibrate import in_situ, pooled, spanned_contexts
-    from harness.engine import Engine, teacher_forced
-    from harness.pair import parse_ngram
-    from harness.promptcache import PromptCache, cache_dir
+    from harness.drafting import parse_ngram
+    from harness.engine import Engine
+    from harness.promptcache import PromptCache, teacher_forced
     from harness.sampling import Policy, process
     from harness.trace import TraceWriter, discard
     from harness.verify import overlap
@@ -147,7 +147,7 @@ def proposers(instances: list[Instance], params: Params, base: Instance | None =
 def per_prompt(proposers: list[str], greedy: bool) -> list[str]:
     """The proposers that write a replay record per prompt: under greedy a lookup's is recomputed from the
     tokens."""
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     return [p for p in proposers if not greedy or parse_ngram(p) is None]
 
 
@@ -167,7 +167,7 @@ def ngram_ms(name: str, texts: list[list[int]]) -> float:
     """Median ms of an n-gram lookup over the prompts' own texts."""
     import statistics
 
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     from harness.proposers import NgramProposer
     ng = NgramProposer(parse_ngram(name))
     times = []

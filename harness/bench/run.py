@@ -23,23 +23,13 @@ from harness.bench.prepare import check_out, models_info, preflight, prepare_cal
 from harness.bench.rounds import next_round, open_categories
 from harness.bench.units import Unit, retime_busy, retime_busy_replays, run_replays, run_units
 from harness.errors import HarnessError
-from harness.plan import Instance, Params, expand
-from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, drop_unreadable, finished, lock_run,
-                            new_run_dir, noise_records, plan_rounds, read_plan, record_noise, record_result,
-                            repair_results, traces_missing, unit_id, write_plan)
-
-def prompt_pool(params: Params, categories: list[str] | None = None) -> list:
-    """Every prompt the run may use, in each file's order: what --until-confident draws its next prompts from."""
-    from harness.prompts import load
-    if params.prompts:
-        return load(categories=params.categories or None, paths=[Path(p) for p in params.prompts])
-    return load(categories=categories or params.categories or None)
-
-
-def first_round(params: Params) -> list:
-    """A new run's prompts: each category's first params.per_category (0: all)."""
-    from harness.prompts import load
-    return load(params.categories or None, [Path(p) for p in params.prompts] or None, params.per_category)
+from harness.plan import Instance, Params, expand, first_round, prompt_pool
+from harness.report import write_reports
+from harness.report.sections import budget_line
+from harness.report.tables import compute
+from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, cache_dir, drop_unreadable, finished,
+                            lock_run, new_run_dir, noise_records, plan_rounds, read_plan, record_noise,
+                            record_result, repair_results, traces_missing, unit_id, write_plan)
 
 
 def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
@@ -59,8 +49,6 @@ def run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None
 
 def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | None, skip_unsupported: bool,
                command: str, allow_busy: bool, rerun_busy: bool, locks: list[int], dry_run: bool) -> Path | None:
-    from harness.report import write_reports
-    from harness.report.sections import budget_line
     started = time.monotonic()
     if resume:
         read_plan(resume)  # a directory that is not a run says so before anything is written in it
@@ -194,7 +182,6 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
     _record_took(run_dir, plan, took, started)
     md = write_reports(run_dir)
     click.echo(f"report: {md}", err=True)
-    from harness.promptcache import cache_dir
     shutil.rmtree(cache_dir(run_dir), ignore_errors=True)  # up to ~1 GB; an interrupted run keeps it for --resume
     click.echo(f"estimated {est / 60:.1f} min, took {(time.monotonic() - started) / 60:.1f} min", err=True)
     _refuse_all_failed(run_dir, md)
@@ -312,7 +299,6 @@ def _until_confident(instances: list[Instance], skipped: dict, pool: list, round
                      run_dir: Path, plan: dict, figures: Figures, weights: Weights) -> None:
     """Rounds of one more prompt per category whose verdict is open, until all settle, the budget is spent, or
     those categories have no prompts left; the plan records each round before it runs and the outcome after."""
-    from harness.report.tables import compute
     used = {i for r in rounds for i in r}
     uc = plan.get("until_confident") or {}
     exhausted: set[str] = set(uc.get("exhausted", []))

@@ -11,7 +11,7 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.procs import death, peak_rss_bytes, rss_bytes_now, run_isolated
 from harness.plan import Instance, Params
-from harness.rundir import PAIRED_DIR, finished, record_result, trace_file, trace_path, unit_id
+from harness.rundir import PAIRED_DIR, cache_dir, finished, record_result, trace_file, trace_path, unit_id
 
 
 def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path) -> dict:
@@ -22,7 +22,7 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     from harness.bench.partial import UNIT, resume, timed_done
     from harness.loop import Request, check_fits
     from harness.pair import open_pair
-    from harness.promptcache import PromptCache, cache_dir
+    from harness.promptcache import PromptCache
     from harness.trace import TraceWriter, discard
 
     t0 = time.perf_counter()

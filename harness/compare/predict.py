@@ -97,7 +97,7 @@ def _require_costs(p: str, c: dict) -> None:
 
 
 def _require_match(plan: dict, cals: dict[str, dict], run: str) -> None:
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     used = {i["target"] for i in plan["instances"]} | {i["draft"] for i in plan["instances"]}
     models = {m for m in used if m != "none" and parse_ngram(m) is None}
     for name in cals:

@@ -16,10 +16,11 @@ from functools import partial
 
 import numpy as np
 
+from harness.drafting import Drafting, Proposal
 from harness.engine import Engine
 from harness.gamma import gamma_cap
 from harness.loop import Request, Seq, advance, streams
-from harness.proposers import DraftKV, Drafting, NgramProposer, Proposal
+from harness.proposers import DraftKV, NgramProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
 

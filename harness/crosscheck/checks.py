@@ -47,8 +47,7 @@ def server_args(command: str) -> tuple[list[str], list[str]]:
 def run_prompts(plan: dict, category: str, per_category: int = 0) -> list:
     """The run's prompts of `category` (every round's, in order), read again from its prompt files and checked
     against the digests the plan recorded."""
-    from harness.bench.run import prompt_pool
-    from harness.plan import Params
+    from harness.plan import Params, prompt_pool
     from harness.rundir import plan_rounds
     params = Params(**plan["params"])
     ids = list(dict.fromkeys(i for r in plan_rounds(plan) for i in r))
@@ -117,7 +116,7 @@ def key(inst, category: str, prompts: list, spec_args: list[str]) -> str:
 def checks(run_dir: Path, only: str = "all", per_category: int = 0) -> tuple[list[Check], dict]:
     """The checks of a run and its plan: every "speculate" answer, and (only="all") the configuration every other
     answer names as its best."""
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     from harness.report.answer import answers
     from harness.report.howto import howto_for_instance
     from harness.report.tables import compute

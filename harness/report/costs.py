@@ -20,7 +20,7 @@ def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     from harness.analysis.predict import costs_at as measured_at
     from harness.calibrate import costs_at
     from harness.engine import EngineConfig
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     oh = overhead_per_row(r)
     # the plain twins' ms per token, less the loop's own cost of its row: Costs.step_ms(0) adds it back
     plain_ms = 1 / r["ref_tokens_per_ms"] - oh if r["ref_tokens_per_ms"] else None

@@ -122,7 +122,7 @@ def howto(target: str, draft: str, gamma: int, policy: dict | Policy, *, p_min: 
           verify: str = "leviathan", catalog: dict | None = None) -> HowTo:
     """The commands that run `draft` (a model, "ngram:N", or "none") against `target` at draft length `gamma`
     under `policy` (a Policy or its as_dict()), with the harness's settings of the same names (plan.Instance)."""
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     pol = policy if isinstance(policy, Policy) else Policy(**policy)
     tpath = model_path(target, catalog)
     ctx = _context(tpath, ngl=ngl, threads=threads, cache_k=cache_k, cache_v=cache_v, flash_attn=flash_attn,
@@ -163,7 +163,7 @@ def howto(target: str, draft: str, gamma: int, policy: dict | Policy, *, p_min: 
 def rule_differs(draft: str, policy: dict | Policy, verify: str) -> bool:
     """Whether llama.cpp would verify this configuration by another rule than the harness measured: a sampled
     draft model under Leviathan's rule (a lookup's point-mass draft is accepted alike by both)."""
-    from harness.pair import parse_ngram
+    from harness.drafting import parse_ngram
     pol = policy if isinstance(policy, Policy) else Policy(**policy)
     return not pol.greedy and verify == "leviathan" and draft != "none" and parse_ngram(draft) is None
 

@@ -10,6 +10,7 @@ import polars as pl
 from harness.analysis import metrics, verdict
 from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
 from harness.concurrency.figures import concurrency_frame
+from harness.plan import Instance, Params, prompt_pool
 from harness.report.costs import cost_model
 from harness.report.verdicts import LEVEL_BASELINE, noise_frame, replay_levels, verdicts, verdicts_frame
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records,
@@ -20,7 +21,6 @@ BASE_KEYS = ["target", "policy", "ngl", "threads", "setup", "category"]
 
 
 def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
-    from harness.plan import Instance
     rows = []
     for d in plan["instances"]:
         inst = Instance(**d)
@@ -200,8 +200,6 @@ def pool_sizes(plan: dict) -> dict[str, int]:
     an older run its prompt files read again."""
     if "pool_sizes" in plan:
         return plan["pool_sizes"]
-    from harness.bench.run import prompt_pool
-    from harness.plan import Params
     sizes: dict[str, int] = {}
     for p in prompt_pool(Params(**plan["params"]), plan.get("categories")):
         sizes[p.category] = sizes.get(p.category, 0) + 1
