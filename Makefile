@@ -81,9 +81,10 @@ report: setup
 
 lint: setup
 	$(VENV)/bin/ruff check harness tests
+	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .import_linter_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 clean-models:
