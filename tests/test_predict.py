@@ -168,8 +168,8 @@ def test_mismatched_inputs_are_refused(machine, tmp_path):
     sha = _edited(cals[1], tmp_path / "sha.json", lambda c: c.update(sha256="0" * 64))
     one_line_error(harness("predict", str(run), "--costs", t, "--costs", sha), "another file")
     short = _edited(cals[1], tmp_path / "short.json", lambda c: c.update(
-        k=[1, 2], ms_by_context=[m[:2] for m in c["ms_by_context"]],
-        ms_last_by_context=[m[:2] for m in c["ms_last_by_context"]]))
+        k=[1, 2], **{key: [m[:2] for m in c[key]] for key in ("ms_by_context", "ms_last_by_context",
+                                                               "ms_sd_by_context", "ms_last_sd_by_context")}))
     one_line_error(harness("predict", str(run), "--costs", t, "--costs", short), "--k-max 4")
     one_line_error(harness("predict", str(run), "--costs", t, "--costs", d, "--against", str(run)), "timed at")
 
