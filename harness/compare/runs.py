@@ -66,20 +66,14 @@ def open_run(path: Path, label: str = "") -> Run:
 
 
 def _holds_a_record(f: Path) -> bool:
-    """Whether a trace, plain or gzipped, has a line that parses (read up to the first)."""
-    import gzip
-    import zlib
-    try:
-        with (gzip.open(f, "rt", encoding="utf-8", errors="replace") if f.name.endswith(".gz")
-              else open(f, encoding="utf-8", errors="replace")) as lines:
-            for line in lines:
-                try:
-                    json.loads(line)
-                    return True
-                except json.JSONDecodeError:
-                    continue
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise HarnessError(f"{f} is damaged ({e}): it does not decompress; restore it from git") from None
+    """Whether a trace, plain or gzipped, has a line that parses (trace.lines says what is damaged)."""
+    from harness.trace import lines, parse
+    for line in lines(f):
+        try:
+            parse(line)
+            return True
+        except ValueError:
+            continue
     return False
 
 
