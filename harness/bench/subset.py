@@ -59,7 +59,7 @@ def answered(run_dir: Path) -> list[tuple[str, str, str, str, int]]:
     """(baseline, policy, category, proposer, fixed gamma) of each group the replay predicts "speculate" for,
     from all its prompts: the configuration its commands run."""
     from harness.analysis.verdict import MIN_GAIN, SPECULATE
-    from harness.report.replayed import predicted_verdicts
+    from harness.report.replayed import best_fixed, predicted_verdicts
     from harness.rundir import read_plan
     pred, _ = held_out_predictions(run_dir, {})
     if pred is None:
@@ -68,12 +68,9 @@ def answered(run_dir: Path) -> list[tuple[str, str, str, str, int]]:
                            group=["config", "policy", "category"])
     out = []
     for r in v.filter(pl.col("verdict") == SPECULATE).iter_rows(named=True):
-        fixed = pred.filter((pl.col("config") == r["config"]) & (pl.col("policy") == r["policy"])
-                            & (pl.col("category") == r["category"]) & (pl.col("proposer") == r["proposer"])
-                            & ~pl.col("adaptive")).sort("speedup", descending=True)
-        gamma = r["gamma"] if not r["adaptive"] else fixed["gamma"][0] if len(fixed) else None
-        if gamma is not None:
-            out.append((r["config"], r["policy"], r["category"], r["proposer"], int(gamma)))
+        x = best_fixed(pred, r, "config") if r["adaptive"] else r
+        if x is not None:
+            out.append((r["config"], r["policy"], r["category"], r["proposer"], int(x["gamma"])))
     return out
 
 

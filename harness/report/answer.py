@@ -9,7 +9,7 @@ import polars as pl
 
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SETTLED, SPECULATE
 from harness.report.fmt import beside, ci
-from harness.report.replayed import confirmation
+from harness.report.replayed import best_fixed, confirmation
 from harness.report.verdicts import GROUP, LEVEL_REPLAY
 
 VARY = ("target", "ngl", "threads", "setup")
@@ -56,16 +56,13 @@ def _predicted(r: dict, pred: pl.DataFrame, by_id: dict, n_ctx: int) -> tuple[di
     base = by_id.get(r["base"])
     group = (pl.col("base") == r["base"]) & (pl.col("category") == r["category"]) & (pl.col("draft") == r["draft"])
     gamma, adaptive, note, ran = r["gamma"], r["adaptive"], "", {}
-    if adaptive:  # llama.cpp cannot adapt: its commands (and the crosscheck) run the best fixed gamma
-        rule = pl.col("verify").fill_null("leviathan") == (r["verify"] or "leviathan")
-        fixed = pred.filter(group & ~pl.col("adaptive") & rule).sort("speedup", descending=True)
-        if len(fixed):
-            x = fixed.row(0, named=True)
-            gamma, adaptive = x["gamma"], False
-            note = (f"llama.cpp has no adaptive draft length: the commands run the best fixed gamma, {gamma} "
-                    f"({ci(x['speedup'], x['speedup_lo'], x['speedup_hi'], unit='x')} predicted).")
-            ran = {"timed": x.get("timed_speedup"), "timed_lo": x.get("timed_speedup_lo"),
-                   "timed_hi": x.get("timed_speedup_hi")}
+    # llama.cpp cannot adapt: its commands (and the crosscheck) run the best fixed gamma
+    if adaptive and (x := best_fixed(pred, r)) is not None:
+        gamma, adaptive = x["gamma"], False
+        note = (f"llama.cpp has no adaptive draft length: the commands run the best fixed gamma, {gamma} "
+                f"({ci(x['speedup'], x['speedup_lo'], x['speedup_hi'], unit='x')} predicted).")
+        ran = {"timed": x.get("timed_speedup"), "timed_lo": x.get("timed_speedup_lo"),
+               "timed_hi": x.get("timed_speedup_hi")}
     inst = None if base is None else replace(base, draft=r["draft"], gamma=gamma, adaptive=adaptive,
                                              verify=r["verify"] or "leviathan")
     same = group & (pl.col("gamma") == gamma) & (pl.col("adaptive") == adaptive) & (pl.col("verify") == "exact")

@@ -52,6 +52,15 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN, group: list[
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
+def best_fixed(pred: pl.DataFrame, r: dict, base: str = "base") -> dict | None:
+    """The prediction row of the best fixed gamma for a verdict's draft and rule (r, a predicted_verdicts row; base:
+    the column naming its plain baseline): what llama.cpp, which cannot adapt gamma, runs for an adaptive one."""
+    rule = pl.col("verify").fill_null("leviathan") == (r["verify"] or "leviathan")
+    fixed = pred.filter((pl.col(base) == r[base]) & (pl.col("category") == r["category"])
+                        & (pl.col("draft") == r["draft"]) & ~pl.col("adaptive") & rule)
+    return fixed.sort("speedup", descending=True).row(0, named=True) if len(fixed) else None
+
+
 def _defect(g: pl.DataFrame) -> tuple[str, str]:
     """(kind, why) where a group's predictions cannot carry a verdict: its replay ran busy, or a prediction passes
     its bound; ("", "") otherwise."""
