@@ -7,33 +7,8 @@ import click
 from tabulate import tabulate
 
 from harness.engine import CACHE_TYPES
+from harness.console import home, run_cli, say
 from harness.errors import HarnessError
-
-
-def _home(ctx, param, value):
-    """~ in a path option, expanded as the shell does unquoted ('~/x' and --out=~/x reach us as they are)."""
-    import os
-    if isinstance(value, tuple):
-        return tuple(os.path.expanduser(v) for v in value)
-    return None if value is None else os.path.expanduser(value)
-
-
-# Seen at import, before main() puts /dev/null in place of a closed standard stream
-STDOUT_CLOSED = sys.stdout is None
-
-
-def _say(text: str) -> None:
-    """What a command prints as its result: one that cannot be written (stdout closed, a full disk, a closed pipe)
-    is an error, not exit 0 with nothing shown."""
-    out = sys.stdout
-    try:
-        if out is None or STDOUT_CLOSED:
-            raise OSError("it is closed")
-        out.write(text + "\n")
-        out.flush()
-    except OSError as e:
-        raise HarnessError(f"cannot write the output to standard output ({e.strerror or e}): give the command an "
-                           "open, writable standard output") from None
 
 
 @click.group()
@@ -52,7 +27,7 @@ def models_list():
     """Name, family, arch, quant, bytes, present, verified."""
     from harness.models.catalog import load_catalog
     from harness.models.manage import list_rows
-    _say(tabulate(list_rows(load_catalog()), headers="keys", tablefmt="github"))
+    say(tabulate(list_rows(load_catalog()), headers="keys", tablefmt="github"))
 
 
 @models.command("fetch")
@@ -62,7 +37,7 @@ def models_fetch(names, all_):
     """Download (or build) models, verify sha256, rename into the models directory."""
     from harness.models.manage import fetch_models
     for line in fetch_models(list(names), all_):
-        _say(line)
+        say(line)
 
 
 @models.command("verify")
@@ -71,7 +46,7 @@ def models_verify(names):
     """Recompute sha256 of present models (or the named ones) against the catalog."""
     from harness.models.manage import verify_models
     rows, ok = verify_models(list(names))
-    _say(tabulate(rows, headers="keys", tablefmt="github"))
+    say(tabulate(rows, headers="keys", tablefmt="github"))
     if not ok:
         raise HarnessError("verification failed for at least one model (see the table)")
 
@@ -82,7 +57,7 @@ def models_verify(names):
 def models_info(ref, as_json):
     """Arch, layers, vocab, tokenizer, quant and context length of NAME or PATH."""
     from harness.models.manage import info_text
-    _say(info_text(ref, as_json))
+    say(info_text(ref, as_json))
 
 
 CACHE_HELP = ", ".join(CACHE_TYPES)
@@ -156,14 +131,14 @@ def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k,
 @cli.command()
 @click.argument("target")
 @click.argument("draft")
-@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), callback=_home,
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), callback=home,
               help="A prompt JSONL file for the round trip.")
 @click.option("--json", "as_json", is_flag=True)
 def check(target, draft, prompts_path, as_json):
     """Tokenizer alignment of TARGET and DRAFT: exit 0 aligned, 2 misaligned."""
     from harness.align import check_command
     text, code = check_command(target, draft, prompts_path, as_json)
-    _say(text)
+    say(text)
     sys.exit(code)
 
 
@@ -284,12 +259,12 @@ def report(run_dir, formats, check_only):
         if causes or diffs:
             click.echo("\n".join((causes + diffs)[:20]))
             raise HarnessError(report_mod.disagreement(causes, diffs))
-        _say("report matches the traces")
+        say("report matches the traces")
         return
     fmts = report_mod.parse_formats(formats)
     with report_mod.writable(rd, "report"):
         md = report_mod.write_reports(rd, fmts)
-    _say(str(md) if "md" in fmts else str(rd))
+    say(str(md) if "md" in fmts else str(rd))
 
 
 @cli.command()
@@ -302,7 +277,7 @@ def archive(run_dir):
     from harness.report.archive import archive_command
     if not Path(run_dir).is_dir():
         raise HarnessError(f"{run_dir}: no such run directory")
-    _say(archive_command(Path(run_dir)))
+    say(archive_command(Path(run_dir)))
 
 
 @cli.command()
@@ -311,7 +286,7 @@ def archive(run_dir):
 @click.option("--ngl", type=int, default=0)
 @click.option("--k-max", type=int, default=16, show_default=True)
 @click.option("--reps", type=int, default=5, show_default=True)
-@click.option("--out", callback=_home, help="Directory to write the calibration to (default reports/calibration); "
+@click.option("--out", callback=home, help="Directory to write the calibration to (default reports/calibration); "
                                             "the file names its machine, so it can travel to `harness predict` "
                                             "elsewhere.")
 def calibrate(model, threads, ngl, k_max, reps, out):
@@ -329,8 +304,8 @@ def calibrate(model, threads, ngl, k_max, reps, out):
         c = cal.calibrate(model, threads, ngl, k_max, reps)
     c["noise"] = sampler.summary()
     path = cal.save(c, root)
-    _say(tabulate(cal.table_rows(c), headers=cal.table_headers(c), tablefmt="github"))
-    _say(f"{c['model']}, {c['threads']} threads, ngl {c['ngl']}: saved to {path}")
+    say(tabulate(cal.table_rows(c), headers=cal.table_headers(c), tablefmt="github"))
+    say(f"{c['model']}, {c['threads']} threads, ngl {c['ngl']}: saved to {path}")
     if (busy := unit_summary(c["noise"]))["busy"]:
         click.echo(f"BUSY: other processes used {busy['foreign_max']:.0%} of the cores while it measured: `harness "
                    "predict` gives no verdict on this calibration; take it again on a quiet machine", err=True)
@@ -351,33 +326,33 @@ def fidelity(reference, others, categories, per_category, max_tokens, threads):
 
 
 @cli.command()
-@click.argument("run_dirs", nargs=-1, required=True, callback=_home)
-@click.option("--out", default="reports/compare", show_default=True, callback=_home,
+@click.argument("run_dirs", nargs=-1, required=True, callback=home)
+@click.option("--out", default="reports/compare", show_default=True, callback=home,
               help="Where compare.md (and tables) go.")
 @click.option("--format", "formats", default="md", show_default=True, help="Comma list: md, csv, json, parquet.")
 def compare(run_dirs, out, formats):
     """Runs from several machines side by side: each one's verdict per category and policy, with its interval,
     after checking that they used the same models, prompts and policies."""
     from harness.compare.runs import compare_command
-    _say(str(compare_command(list(run_dirs), out, tuple(x.strip() for x in formats.split(",") if x.strip()))))
+    say(str(compare_command(list(run_dirs), out, tuple(x.strip() for x in formats.split(",") if x.strip()))))
 
 
 @cli.command()
-@click.argument("run_dir", type=click.Path(file_okay=False), callback=_home)
-@click.option("--costs", "cal_paths", multiple=True, required=True, callback=_home,
+@click.argument("run_dir", type=click.Path(file_okay=False), callback=home)
+@click.option("--costs", "cal_paths", multiple=True, required=True, callback=home,
               help="A calibration file from the other machine (harness calibrate there), one per model; repeat.")
-@click.option("--against", type=click.Path(file_okay=False), callback=_home,
+@click.option("--against", type=click.Path(file_okay=False), callback=home,
               help="A timed run on that machine, to check against.")
-@click.option("--out", default="reports/predict", show_default=True, callback=_home)
+@click.option("--out", default="reports/predict", show_default=True, callback=home)
 def predict(run_dir, cal_paths, against, out):
     """RUN_DIR's replayed acceptance with another machine's calibrated costs: that machine's predicted verdicts."""
     from harness.compare.predict import predict_command
-    _say(str(predict_command(run_dir, list(cal_paths), against, out)))
+    say(str(predict_command(run_dir, list(cal_paths), against, out)))
 
 
 @cli.command()
-@click.argument("run_dir", type=click.Path(file_okay=False), callback=_home)
-@click.option("--llama-server", "llama_server", callback=_home,
+@click.argument("run_dir", type=click.Path(file_okay=False), callback=home)
+@click.option("--llama-server", "llama_server", callback=home,
               help="llama.cpp's llama-server binary (default: the one `make native` built, then llama-server on PATH).")
 @click.option("--only", type=click.Choice(["all", "speculate"]), default="all", show_default=True,
               help="speculate: only the answers that say speculate; all: also the best configuration of every other "
@@ -396,54 +371,12 @@ def crosscheck(run_dir, **opts):
     from pathlib import Path
 
     from harness.crosscheck import crosscheck_command
-    _say(crosscheck_command(Path(run_dir), **opts))
-
-
-def _fill_closed_streams() -> None:
-    """A standard stream closed at start (`2>&-`) becomes /dev/null: what would go there is dropped, and no file
-    opened later takes its descriptor (llama.cpp's log, written to descriptor 2, would land in it)."""
-    import os
-    for fd, name in enumerate(("stdin", "stdout", "stderr")):
-        try:
-            os.fstat(fd)
-        except OSError:
-            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one, as those below are open
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+    say(crosscheck_command(Path(run_dir), **opts))
 
 
 def main(argv: list[str] | None = None):
     """The console script; also callable in-process with argv (the tests do), exiting through SystemExit."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    _fill_closed_streams()
-    try:
-        rc = cli.main(args=args, prog_name="harness", standalone_mode=False, obj={"argv": args})
-        if isinstance(rc, int) and rc:
-            sys.exit(rc)
-    except HarnessError as e:
-        click.echo(f"harness: error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except click.UsageError as e:  # one line, not click's three (usage, hint, error)
-        cmd = e.ctx.command_path if e.ctx else "harness"
-        click.echo(f"harness: error: {e.format_message()} (see `{cmd} --help`)", err=True)
-        sys.exit(e.exit_code)
-    except click.ClickException as e:
-        click.echo(f"harness: error: {e.format_message()}", err=True)
-        sys.exit(e.exit_code)
-    except click.Abort as e:
-        from harness.procs import Terminated
-        if isinstance(e.__cause__, Terminated):  # SIGTERM, SIGHUP before bench had a run to keep
-            click.echo(f"harness: error: stopped by {e.__cause__.name}", err=True)
-            sys.exit(128 + e.__cause__.signum)
-        click.echo("harness: error: aborted", err=True)
-        sys.exit(130)
-    except OSError as e:  # a write that failed (full disk, read-only, something in the way): one line for all
-        from harness.errors import os_error_line
-        line = os_error_line(e)
-        if line is None:
-            raise
-        click.echo(f"harness: error: {line}", err=True)
-        sys.exit(1)
+    run_cli(cli, sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":
