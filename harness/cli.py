@@ -7,11 +7,11 @@ import click
 from tabulate import tabulate
 
 from harness.engine import CACHE_TYPES
-from harness.console import home, run_cli, say
+from harness.console import Grouped, Sectioned, home, run_cli, say
 from harness.errors import HarnessError
 
 
-@click.group()
+@click.group(cls=Grouped, maintenance=("archive", "crosscheck"))
 @click.version_option(package_name="harness")
 def cli():
     """Speculative-decoding benchmark harness for GGUF models."""
@@ -142,7 +142,9 @@ def check(target, draft, prompts_path, as_json):
     sys.exit(code)
 
 
-@cli.command()
+@cli.command(cls=Sectioned, rest="Advanced options (docs/usage.md)", first=(  # --help's first screen
+    "profile", "target", "draft", "gamma", "temp", "ngl", "ngl_draft", "threads", "categories", "per_category",
+    "max_tokens", "budget_min", "out", "resume", "dry_run"))
 @click.option("--profile", multiple=True, help="A named profile from profiles.toml (make bench uses 'default').")
 @click.option("--target", help="Comma list of target names or paths.")
 @click.option("--draft", help="Comma list of drafts (names, paths, ngram:N); none = baseline only.")
@@ -173,9 +175,9 @@ def check(target, draft, prompts_path, as_json):
 @click.option("--prompts", help="Comma list of prompt JSONL files (instead of prompts/<category>.jsonl).")
 @click.option("--per-category", type=int, help="Prompts per category (0 = all).")
 @click.option("--max-tokens", type=int, help="Tokens per generation (default: each prompt's own).")
-@click.option("--repeat", type=int)
-@click.option("--seed", type=int)
-@click.option("--n-ctx", type=int)
+@click.option("--repeat", type=int, help="Times every prompt runs (default 1); sampled repeats draw afresh.")
+@click.option("--seed", type=int, help="Seeds every sampled generation (default 0).")
+@click.option("--n-ctx", type=int, help="Context size, shared by --parallel's sequences (default 2048).")
 @click.option("--out", default="reports", show_default=True,
               help="The reports directory: Markdown reports land here, run directories in its runs/.")
 @click.option("--resume", "resume", type=click.Path(file_okay=False), help="Run only what RUN_DIR is missing.")
@@ -337,7 +339,7 @@ def compare(run_dirs, out, formats):
     say(str(compare_command(list(run_dirs), out, tuple(x.strip() for x in formats.split(",") if x.strip()))))
 
 
-@cli.command()
+@cli.command(cls=Sectioned, first=("cal_paths", "out"), rest="Maintenance options")
 @click.argument("run_dir", type=click.Path(file_okay=False), callback=home)
 @click.option("--costs", "cal_paths", multiple=True, required=True, callback=home,
               help="A calibration file from the other machine (harness calibrate there), one per model; repeat.")

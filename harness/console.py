@@ -1,4 +1,5 @@
-"""The command line's standard streams: ~ in path options, a result that cannot be written, closed streams."""
+"""The command line's standard streams (~ in path options, a result that cannot be written, closed streams) and
+the layout of its --help: what a user needs on the first screen, the long tail below a marked heading."""
 from __future__ import annotations
 
 import sys
@@ -45,6 +46,50 @@ def fill_closed_streams() -> None:
             os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one, as those below are open
         if getattr(sys, name) is None:
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+
+
+class Sectioned(click.Command):
+    """A command whose --help lists the options named in `first` (in that order, then --help) under "Options" and
+    every other one under the heading `rest`, so none is ever left out. Presentation only: parsing is click's."""
+
+    def __init__(self, *args, first: tuple[str, ...] = (), rest: str = "Advanced options", **kw):
+        super().__init__(*args, **kw)
+        if unknown := set(first) - {p.name for p in self.params}:
+            raise ValueError(f"{self.name}: no option named {', '.join(sorted(unknown))} to list first")
+        self.first, self.rest = tuple(first), rest
+
+    def format_options(self, ctx, formatter):
+        params = {p.name: p for p in self.get_params(ctx) if not isinstance(p, click.Argument)}
+        first = [params.pop(name) for name in self.first]
+        if (h := self.get_help_option(ctx)) is not None and h.name in params:
+            first.append(params.pop(h.name))
+
+        def rows(ps):
+            return [r for p in ps if (r := p.get_help_record(ctx)) is not None]
+        _sections(formatter, [("Options", rows(first)), (self.rest, rows(params.values()))])
+
+
+class Grouped(click.Group):
+    """A group whose --help lists the commands named in `maintenance` under a heading of their own, below the ones a
+    user runs."""
+
+    def __init__(self, *args, maintenance: tuple[str, ...] = (), **kw):
+        super().__init__(*args, **kw)
+        self.maintenance = tuple(maintenance)
+
+    def format_commands(self, ctx, formatter):
+        cmds = {n: c for n in self.list_commands(ctx) if (c := self.get_command(ctx, n)) is not None and not c.hidden}
+        limit = formatter.width - 6 - max(map(len, cmds), default=0)
+        rows = [(n, c.get_short_help_str(limit), n in self.maintenance) for n, c in cmds.items()]
+        _sections(formatter, [("Commands", [(n, h) for n, h, m in rows if not m]),
+                              ("Maintenance commands", [(n, h) for n, h, m in rows if m])])
+
+
+def _sections(formatter, sections) -> None:
+    for title, rows in sections:
+        if rows:
+            with formatter.section(title):
+                formatter.write_dl(rows)
 
 
 def run_cli(cli: click.Group, args: list[str]) -> None:
