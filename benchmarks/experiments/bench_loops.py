@@ -5,7 +5,7 @@ token of each loop and their ratio (slots / sequential). Whether `generate` coul
 slot rests on that ratio staying at 1.00 (the plain loop runs at 1.04-1.06x llama-bench): run it on a quiet
 machine.
 
-    .venv/bin/python benchmarks/bench_loops.py   # the default pair; --target/--draft for others
+    .venv/bin/python benchmarks/experiments/bench_loops.py   # the default pair; --target/--draft for others
 """
 from __future__ import annotations
 

@@ -40,20 +40,20 @@ def repeated(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int, lo
 def loop(model: str, draft: str, gamma: int, max_tokens: int) -> dict:
     """The loop at a fixed gamma, then plain, twice over one prompt: median ms per step of each part, tok/s."""
     from harness.loop import Request, generate
-    from harness.pair import open_pair
     from harness.prompts import load
+    from harness.proposers import DraftModelProposer
     from harness.sampling import Policy
     from harness.trace import TraceWriter
     cfg = EngineConfig(n_ctx=2048)
-    pair = open_pair(model, draft, cfg, cfg)
-    try:
+    with Engine(resolve(model).path, cfg) as target, Engine(resolve(draft).path, cfg) as draft_engine:
         pr = load(["code"])[0]
-        req = Request(pr.id, pair.target.vocab.tokenize(pr.render(pair.target.vocab)), max_tokens, pr.category)
+        req = Request(pr.id, target.vocab.tokenize(pr.render(target.vocab)), max_tokens, pr.category)
+        proposer = DraftModelProposer(draft_engine)
         out: dict = {"spec_tok_s": [], "plain_tok_s": [], "verify_ms": [], "draft_ms": [], "plain_step_ms": []}
         for _ in range(2):
-            for mode, prop, g in (("spec", pair.proposer, gamma), ("plain", None, 0)):
+            for mode, prop, g in (("spec", proposer, gamma), ("plain", None, 0)):
                 tw = TraceWriter(None, keep=True)
-                gen = generate(pair.target, req, Policy(), prop, g, tw)
+                gen = generate(target, req, Policy(), prop, g, tw)
                 steps = [r for r in tw.records if r["type"] == "step"][1:]  # the first pays a one-off warm-up
                 out[f"{mode}_tok_s"].append(gen["tokens_per_s"])
                 if prop:
@@ -62,8 +62,6 @@ def loop(model: str, draft: str, gamma: int, max_tokens: int) -> dict:
                 else:
                     out["plain_step_ms"] += [r["verify_ms"] for r in steps]
         return {k: statistics.median(v) for k, v in out.items()}
-    finally:
-        pair.close()
 
 
 def measure(model: str, context: int, k_max: int, reps: int, logits: str) -> dict:

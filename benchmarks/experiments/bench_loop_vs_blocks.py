@@ -32,13 +32,13 @@ def interleaved(target, draft, n_keep: int, block: list[int], k_max: int, reps: 
     return [statistics.median(x) for x in times]
 
 
-def loop_ms(pair, proposer, gamma: int, req) -> dict:
+def loop_ms(target, proposer, gamma: int, req) -> dict:
     """Median verification and draft ms per step of one generation (steps that proposed gamma; first dropped)."""
     from harness.loop import generate
     from harness.sampling import Policy
     from harness.trace import TraceWriter
     tw = TraceWriter(None, keep=True)
-    generate(pair.target, req, Policy(), proposer, gamma, tw)
+    generate(target, req, Policy(), proposer, gamma, tw)
     steps = [r for r in tw.records if r["type"] == "step"][1:]
     sel = [r for r in steps if r["proposed"] == gamma] or steps
     return {"verify": statistics.median(r["verify_ms"] for r in sel),
@@ -46,10 +46,11 @@ def loop_ms(pair, proposer, gamma: int, req) -> dict:
 
 
 def main() -> None:
+    from harness.engine import Engine
     from harness.loop import Request
-    from harness.pair import open_pair
+    from harness.models.catalog import resolve
     from harness.prompts import load
-    from harness.proposers import NgramProposer
+    from harness.proposers import DraftModelProposer, NgramProposer
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct-q4_0")
@@ -60,9 +61,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="0: the engine's default")
     a = ap.parse_args()
     cfg = EngineConfig(n_ctx=4096, threads=a.threads)
-    pair = open_pair(a.model, a.draft, cfg, cfg)
-    target, draft = pair.target, pair.draft_engine
-    try:
+    with Engine(resolve(a.model).path, cfg) as target, Engine(resolve(a.draft).path, cfg) as draft:
+        proposer = DraftModelProposer(draft)
         pr = load([a.category])[0]
         toks = target.vocab.tokenize(pr.render(target.vocab))
         req = Request(pr.id, toks, a.max_tokens, pr.category)
@@ -78,9 +78,9 @@ def main() -> None:
             mixed = interleaved(target, draft, ctx, block, 3, a.reps)
             target.reset()
             draft.reset()
-            plain = loop_ms(pair, None, 0, req)
-            spec = loop_ms(pair, pair.proposer, 1, req)
-            ngram = loop_ms(pair, NgramProposer(3), 1, req)
+            plain = loop_ms(target, None, 0, req)
+            spec = loop_ms(target, proposer, 1, req)
+            ngram = loop_ms(target, NgramProposer(3), 1, req)
             rows.append([iso[0], iso[1], mixed[0], mixed[1], plain["verify"], spec["verify"], spec["draft"],
                          ngram["verify"]])
             print(f"round {r}: " + " ".join(f"{x:6.1f}" for x in rows[-1]), flush=True)
@@ -95,8 +95,6 @@ def main() -> None:
         print(f"loop verification / time_blocks k=2: draft {med[5] / med[1]:.3f}, ngram {med[7] / med[1]:.3f}; "
               f"plain loop / time_blocks k=1: {med[4] / med[0]:.3f}; interleaved k=2 / time_blocks k=2: "
               f"{med[3] / med[1]:.3f}")
-    finally:
-        pair.close()
 
 
 if __name__ == "__main__":
