@@ -91,6 +91,11 @@ def report_md(run: Path) -> str:
     return (run.parent.parent / f"{run.name}.md").read_text()
 
 
+def diagnostics_md(run: Path) -> str:
+    """The run's diagnostics.md: the harness's checks of itself, apart from the report."""
+    return (run / "diagnostics.md").read_text()
+
+
 def copy_run(run: Path, dest_root: Path) -> Path:
     """The run and its report, copied into a reports directory of their own: for tests that change a run."""
     dest = dest_root / "reports" / "runs" / run.name

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import HarnessError
-from harness.report import check
+from harness.report import check, markdown
 from harness.report.archive import archive, same, size
-from harness.report.render import render_markdown
 from harness.report.tables import compute
 from harness.rundir import load_records, trace_file, trace_files
 from harness.trace import compress, decompress, gzipped, read_records
@@ -19,16 +18,16 @@ from tests.helpers import ROOT, copy_run, harness, one_line_error
 
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory) -> Path:
-    """The smallest committed run and its report, traces plain (decompressed, and the report rendered for that
-    form, if the committed run is archived)."""
+    """The smallest committed run and its report, traces plain (decompressed, and the report and diagnostics
+    rendered for that form, if the committed run is archived)."""
     runs = [p for p in (ROOT / "reports" / "runs").glob("2*") if p.is_dir() and (p / "plan.json").exists()]
     run = copy_run(min(runs, key=size), tmp_path_factory.mktemp("plain"))
     gz = [f for f in trace_files(run) if f.name.endswith(".gz")]
     for f in gz:
         decompress(f)
     if gz:
-        md = run.parent.parent / f"{run.name}.md"
-        md.write_text(render_markdown(run, compute(run), md.parent))
+        for f, text in markdown(run, compute(run), [run.parent.parent / f"{run.name}.md"]).items():
+            f.write_text(text)
     return run
 
 
@@ -84,18 +83,22 @@ def test_archive_gzips_the_traces_and_drops_only_what_the_report_makes_again(pla
     traces = trace_files(run)
     assert traces and all(f.name.endswith(".jsonl.gz") for f in traces)
     assert len(traces) == len(trace_files(plain_run))
-    # nothing a figure is read from went; of the plots, only the first screen's stay
+    # nothing a figure is read from went (the diagnostics are written again, as the report is); of the plots,
+    # only the verdicts' and concurrency's stay
     for f in plain_run.rglob("*"):
         rel = f.relative_to(plain_run)
         if f.is_file() and rel.parts[0] != "plots" and "traces" not in rel.parts \
-                and f.stem not in ("metrics", "verdicts", "tidy"):
+                and f.stem not in ("metrics", "verdicts", "tidy", "diagnostics"):
             assert (run / rel).read_bytes() == f.read_bytes(), rel
     assert {p.name for p in (run / "plots").glob("*")} <= {"verdicts.png", "concurrency.png"}
     assert not [f for f in run.iterdir() if f.stem in ("metrics", "verdicts", "tidy")]
     md = (run.parent.parent / f"{run.name}.md").read_text()
-    first_screen = md.split("## Machine and run")[0]
+    first_screen = md.split("## Contents")[0]
     assert ("verdicts.png" in first_screen) == (plain_run / "plots" / "verdicts.png").exists()
-    assert "gamma.png" not in md and "`harness archive` kept only the first screen's" in md
+    diagnostics = (run / "diagnostics.md").read_text()
+    for text in (md, diagnostics):
+        assert "gamma.png" not in text and "cost_model.png" not in text
+        assert "`harness archive` kept only the first screen's" in text
 
 
 def test_the_archived_run_checks_and_gives_the_plain_runs_figures(plain_run, archived_run):

@@ -13,7 +13,8 @@ import pytest
 from harness.rundir import trace_files
 from harness.trace import read_records
 from tests.conftest import CATEGORIES, POLICIES, PROMPT_FILE, T, gpu_build, skip_on_gpu_build
-from tests.helpers import HARNESS, ROOT, copy_run, harness, md_table, one_line_error, only_run, report_md
+from tests.helpers import (HARNESS, ROOT, copy_run, diagnostics_md, harness, md_table, one_line_error, only_run,
+                           report_md)
 
 def raw(run_dir: Path) -> list[dict]:
     """The records of a run's own traces (not its side runs'), plain or gzipped."""
@@ -27,14 +28,16 @@ def results(run: Path) -> list[dict]:
 
 
 def check_structure(run: Path, categories) -> None:
-    md = report_md(run)
+    md, diagnostics = report_md(run), diagnostics_md(run)
     assert (run.parent.parent / "latest.md").read_text() == md
-    for heading in ("### Models", "## Verdict per category", "## Machine noise", "## Per category",
-                    *(f"### {c}" for c in categories), "## Quantization", "## Memory",
-                    "## Output equivalence (greedy)", "## How to read this"):
+    for heading in ("### Models", "## Verdict per category", "## Quantization", "## Memory", "## How to read this"):
         assert heading in md
-    assert md.index("## Verdict per category") < md.index("## Machine and run")  # the answer comes first
-    assert "verdicts.png" in md.split("## Machine and run")[0]  # with its plot
+    for heading in ("## Machine noise", "## Per category", *(f"### {c}" for c in categories),
+                    "## Output equivalence (greedy)"):  # the harness's checks of itself, and every timed row
+        assert heading in diagnostics and heading not in md
+    first_screen = md.split("## Contents")[0]
+    assert "## Verdict per category" in first_screen and "verdicts.png" in first_screen  # the answer comes first
+    assert "## Memory" in first_screen
     assert ("GPU offload available" if gpu_build() else "CPU only") in md
     assert "requantized from smollm2-135m-instruct-q4_1" in md
     assert "| greedy" in md and "T=0.8 top_p=0.9" in md  # every table states the policy
@@ -81,7 +84,7 @@ def test_plain_baselines_run_again_at_the_end_to_measure_drift(timed_run):
         end = sum(g["n_tokens"] for g in gens) / sum(g["gen_ms"] for g in gens) * 1000
         assert r["base_end_tokens_per_s"] == pytest.approx(end)
         assert r["drift"] == pytest.approx(end / r["base_tokens_per_s"])
-    md = report_md(timed_run)
+    md = diagnostics_md(timed_run)
     assert "## Drift" in md and "end / start" in md
 
 
@@ -106,7 +109,7 @@ def test_paired_plain_runs_are_the_reference_of_every_speculative_row(timed_run)
         assert r["speedup_vs_baseline"] == pytest.approx(r["tokens_per_ms"] / r["base_tokens_per_ms"])
         if r["policy"] == "greedy":  # plain greedy decoding in another worker gives the baseline's tokens
             assert all((g["prompt_id"], json.dumps(g["tokens"])) in base_out for g in pg)
-    assert "paired plain tok/s (range)" in report_md(timed_run)
+    assert "paired plain tok/s (range)" in diagnostics_md(timed_run)
 
 
 def test_report_figures_equal_those_recomputed_from_traces(timed_run):
@@ -176,7 +179,7 @@ def test_report_check_fails_when_a_trace_disagrees(timed_run, tmp_path, what):
 
 
 def test_equivalence_table_counts_every_greedy_generation(timed_run):
-    table = md_table(report_md(timed_run), "## Output equivalence (greedy)")
+    table = md_table(diagnostics_md(timed_run), "## Output equivalence (greedy)")
     recs = raw(timed_run)
     gens = [r for r in recs if r["type"] == "generation"]
     res = {r["config"]: r for r in results(timed_run)}
@@ -305,9 +308,9 @@ def _adaptive_run(tmp_path, *extra) -> Path:
                 "--categories", "code", "--per-category", "1", "--max-tokens", "12", *extra,
                 "--out", str(tmp_path / "reports"), cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
-    md = (tmp_path / "reports/latest.md").read_text()
-    assert "## Cost model" in md and "auto<=2" in md and "Recommended gamma" in md
     run = only_run(tmp_path / "reports")
+    md = diagnostics_md(run)
+    assert "## Cost model" in md and "auto<=2" in md and "Recommended gamma" in md
     steps = [s for f in trace_files(run) if f.name.startswith("auto-") for s in read_records(f)]
     assert {s["gamma"] for s in steps if s["type"] == "step"} <= {0, 1, 2}
     assert harness("report", str(run), "--check", cwd=tmp_path, env=env).returncode == 0

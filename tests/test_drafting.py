@@ -9,7 +9,7 @@ from harness.trace import read_records
 from harness.plan import Instance, Params, expand
 from harness.drafting import Drafting
 from tests.conftest import PROMPT_FILE
-from tests.helpers import ROOT, harness, md_table, one_line_error, report_md
+from tests.helpers import ROOT, diagnostics_md, harness, md_table, one_line_error, report_md
 
 T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
 SAMPLED = {"temperature": 0.8, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "seed": 0}
@@ -69,7 +69,7 @@ def test_exact_rule_and_p_min_in_the_sweep_and_report(rules_run):
     pmin = [s["proposed"] for s in steps[("leviathan", 0.6, 0)]]
     assert sum(pmin) < sum(full)  # drafting stopped early at low confidence
     assert all(n == 0 or n >= 2 for s in (steps[("leviathan", 0.6, 2)],) for n in (x["proposed"] for x in s))
-    acc = md_table(md, "### code")
+    acc = md_table(diagnostics_md(run), "### code")  # every timed row, in the diagnostics
     labels = {r["draft"] for r in acc}
     assert {D, f"{D} (exact)", f"{D} (p-min 0.6)", f"{D} (exact, p-min 0.6, n-min 2)"} <= labels
     assert all(r["drafted/step"] for r in acc)
@@ -95,12 +95,12 @@ def test_the_replay_predicts_both_rules_and_times_what_it_chose(replay_run):
     rep = [x for x in recs if x["type"] == "replay" and x["policy"] != "greedy" and x["proposer"] == D]
     assert rep and all(len(x["alpha_exact"]) == len(x["alpha"]) for x in rep)
     md = report_md(run)
-    pred = {x["proposer"] for x in md_table(md, "### Predicted speedup")}
+    pred = {x["proposer"] for x in md_table(md, "## Predicted speedup")}
     assert {D, f"{D} (exact)", "ngram:2"} <= pred
-    rules = md_table(md, "### Verification rules (replayed)")
+    rules = md_table(md, "## Verification rules (replayed)")
     assert {(x["category"], x["draft"]) for x in rules} >= {("code", D), ("chat", D)}
     assert all(x["alpha leviathan"] and x["alpha exact"] for x in rules)
-    timed = md_table(md, "### Replayed against timed")
+    timed = md_table(diagnostics_md(run), "## Replayed against timed")
     assert {D, f"{D} (exact)"} <= {x["proposer"] for x in timed}  # the subset timed both rules, like for like
     r = harness("report", str(run), "--check")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -161,7 +161,7 @@ def test_a_bench_run_with_the_cache(tmp_path, smol, smol_q2k):
     from harness.rundir import CACHE_DIR, PAIRED_DIR, trace_files
     from harness.trace import read_records
     from tests.conftest import D, PROMPT_FILE, T
-    from tests.helpers import harness, md_table, only_run, report_md
+    from tests.helpers import diagnostics_md, harness, md_table, only_run
     r = harness("bench", "--target", T, "--draft", D, "--gamma", "2", "--prompts", PROMPT_FILE, "--categories",
                 "code", "--per-category", "2", "--max-tokens", "8", "--paired", "--prompt-cache", "--threads", "2",
                 "--out", tmp_path)
@@ -184,7 +184,7 @@ def test_a_bench_run_with_the_cache(tmp_path, smol, smol_q2k):
     # for the generations and their twins, the draft's for the generations
     assert rows[D]["prompt_cache"] == {"restored": 2 + 2 * 2 + 2 + 2 + 2, "evaluated": 2, "rejected": 0,
                                        "unsaved": 0}
-    md = report_md(run)
+    md = diagnostics_md(run)  # every timed row, per category
     code = md.split("## Per category", 1)[1].split("### code", 1)[1]
     speed = md_table("speed\n" + next(b for b in code.split("\n\n") if "| latency ms" in b), "speed")
     lat = {x["draft"]: x["latency ms"] for x in speed}

@@ -8,7 +8,7 @@ import pytest
 from harness.rundir import trace_files
 from harness.trace import read_records
 from tests.conftest import D, T
-from tests.helpers import harness, md_table, one_line_error, report_md
+from tests.helpers import diagnostics_md, harness, md_table, one_line_error, report_md
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +35,14 @@ def test_replay_records_and_report_sections(replay):
     # measured before the prompts and after them, pooled: every k holds both moments' repetitions
     assert all(len(t) == r["reps"] == 6 for r in costs for ctx in r["target_times_by_context"] for t in ctx)
     assert {r["proposer"] for r in costs if r.get("draft_sd_by_context")} == {D}  # a lookup's time has no spread
-    assert "Each was measured twice, before the replay's prompts and after them" in md
-    for heading in ("## Predicted from every prompt (replay)", "### Acceptance (models, prompts and policy only)",
-                    "### Cost (this machine only)", "### Predicted speedup", "### Replayed against timed"):
+    diagnostics = diagnostics_md(run)  # the harness's checks of itself
+    assert "Each was measured twice, before the replay's prompts and after them" in diagnostics
+    for heading in ("## Predicted from every prompt (replay)", "## Acceptance (models, prompts and policy only)",
+                    "## Predicted speedup"):
         assert heading in md
-    acc = md_table(md, "### Acceptance (models, prompts and policy only)")
+    for heading in ("## Cost (this machine only)", "## Replayed against timed"):
+        assert heading in diagnostics and heading not in md
+    acc = md_table(md, "## Acceptance (models, prompts and policy only)")
     assert {r["kind"] for r in acc} == {"exact", "expected"}
     assert {r["kind"] for r in acc if r["policy"] == "greedy"} == {"exact"}
     assert {r["kind"] for r in acc if "(exact)" in r["proposer"]} == {"exact"}  # replayed like greedy
@@ -61,7 +64,7 @@ def test_greedy_replay_against_the_timed_acceptance(replay):
     # one row per timed greedy configuration and category it was timed in
     timed = {(c, p.split("-")[0]) for c, ps in plan["timed"].items() if results[c]["policy"]["temperature"] == 0
              for p in ps}
-    rows = [r for r in md_table(md, "### Replayed against timed") if r["policy"] == "greedy"]
+    rows = [r for r in md_table(diagnostics_md(run), "## Replayed against timed") if r["policy"] == "greedy"]
     assert len(rows) == len(timed) >= 4
     by_key = {(r["draft"], r["gamma"]): c for c, r in results.items() if r["policy"]["temperature"] == 0}
     exact = close = 0
@@ -83,8 +86,8 @@ def test_llamacpps_rule_replayed_against_the_timed_acceptance(replay):
     """Under sampling, llama.cpp's rule samples what the plain twin sampled, so its replay is exact as greedy's:
     the replayed acceptance is the timed one, up to the draft's own kernel near-ties."""
     run, md = replay
-    rows = [r for r in md_table(md, "### Replayed against timed") if r["policy"] != "greedy" and "(exact)" in
-            r["proposer"]]
+    rows = [r for r in md_table(diagnostics_md(run), "## Replayed against timed") if r["policy"] != "greedy"
+            and "(exact)" in r["proposer"]]
     assert rows
     for r in rows:
         replayed, timed_acc = int(r["acceptance (replayed)"].split("%")[0]), int(r["(timed)"].rstrip("%"))
@@ -109,7 +112,8 @@ def test_the_timing_floor_sets_plain_steps_beside_their_twins_from_the_raw_trace
     assert ratios
     within = sum(abs(x - 1) <= 0.10 for x in ratios)
     sentence = f"ran within 10% of each other in {within} of {len(ratios)} generations"
-    assert md.count(sentence) == 2  # under the cost model's agreement and under the replay's
+    # under the cost model's agreement and under the replay's, in the diagnostics
+    assert diagnostics_md(run).count(sentence) == 2 and sentence not in md
 
 
 def test_a_run_without_replay_says_so_once(timed_run, replay):
@@ -132,8 +136,10 @@ def test_timed_subset_times_what_the_replay_chose(replay):
     chosen = {(results[c]["draft"], results[c]["gamma"], results[c]["policy"]["temperature"]) for c in timed}
     for temp in (0.0, 0.8):  # gamma 1 always, beside each proposer's predicted best
         assert {(D, 1, temp), ("ngram:2", 1, temp)} <= chosen
-    assert md.index("## Predicted from every prompt (replay)") < md.index("## Verdict per category")
-    assert "## Drift" not in md  # the timed subset is paired; the baselines ran on every prompt once
+    # the predicted verdicts answer, on the first screen; the timed ones check them, in the diagnostics
+    assert "## Predicted from every prompt (replay)" in md.split("## Contents")[0]
+    assert "## Verdict per category" in diagnostics_md(run) and "## Verdict per category" not in md
+    assert "## Drift" not in md + diagnostics_md(run)  # the timed subset is paired; the baselines ran once
 
 
 @pytest.mark.parametrize("args, words", [
@@ -189,10 +195,10 @@ def test_a_resume_after_a_kill_in_the_replay_and_in_the_timed_subset(replay, tmp
     twin = run / "paired" / "traces" / f.name
     assert _per_prompt(twin, "generation") == prompts
     new = report_md(run)
-    acceptance = "### Acceptance (models, prompts and policy only)"
+    acceptance = "## Acceptance (models, prompts and policy only)"
     assert md_table(new, acceptance) == md_table(md, acceptance)
     for cat in ("code", "chat"):  # proposed, accepted, acceptance, alpha, tokens per call: no time in them
-        per = [m.split("## Per category", 1)[1] for m in (md, new)]
+        per = [m.split("## Per category", 1)[1] for m in (diagnostics_md(original), diagnostics_md(run))]
         assert md_table(per[1], f"### {cat}") == md_table(per[0], f"### {cat}"), cat
 
 
@@ -201,6 +207,7 @@ def test_the_timed_rows_priced_again_with_their_own_costs(replay):
     priced with those instead of the replay's own, for every row the table holds."""
     import re
     run, md = replay
-    n = len(md_table(md, "### Replayed against timed"))
+    md = diagnostics_md(run)
+    n = len(md_table(md, "## Replayed against timed"))
     m = re.search(r"own decode costs \(measured in its worker [^)]*\): (\d+) of (\d+)\.", md)
     assert m and int(m.group(2)) == n and 0 <= int(m.group(1)) <= n

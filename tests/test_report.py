@@ -7,6 +7,7 @@ import errno
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -224,3 +225,82 @@ def test_a_result_lost_to_a_closed_stdout_is_not_success(run, args):
                        cwd=ROOT, env=os.environ | {"CI": "true"}, capture_output=True, text=True, timeout=120,
                        stdin=subprocess.DEVNULL)
     one_line_error(r, "cannot write the output to standard output", "closed")
+
+
+# -- the layout: a first screen that answers, sections of about a screen, the self-checks apart ------------------
+
+DEFAULT_RUN = "20261204-213356-vm"  # the committed `make bench` run the README quotes
+# what answers whether the harness predicts its own timings, and how far the machine moved by itself
+SELF_CHECKS = ("## Replayed against timed", "## Cost (this machine only)", "## Adaptive gamma (greedy, replayed)",
+               "## Cost model", "## Machine noise", "## Output equivalence (greedy)", "## Per category",
+               "Two timings of the same work", "log-scale spread", "Each was measured twice")
+
+
+def _first_screen(md: str) -> list[str]:
+    """The report up to its table of contents."""
+    assert "\n## Contents\n" in md
+    return md.split("\n## Contents\n", 1)[0].splitlines()
+
+
+def test_the_default_runs_first_screen_answers_and_its_self_checks_are_in_the_diagnostics():
+    """The committed `make bench` run: at most 250 lines, whose first 60 or fewer give the answer (a verdict per
+    group with its interval or bound), one verdict table, one plot and the memory; the contents follow, with one
+    line to diagnostics.md, which holds the self-checks the report does not."""
+    md = (ROOT / "reports" / f"{DEFAULT_RUN}.md").read_text()
+    diagnostics = (ROOT / "reports" / "runs" / DEFAULT_RUN / "diagnostics.md").read_text()
+    first = _first_screen(md)
+    assert len(first) <= 60 and len(md.splitlines()) <= 250, (len(first), len(md.splitlines()))
+    answer = [x for x in first if x.startswith("- ")]
+    assert answer and all(re.search(r"\*\*[a-z ]+\*\*", x) and re.search(r"\d\.\d\dx", x) for x in answer)
+    headings = [x for x in first if x.startswith("## ")]
+    assert headings == ["## The answer", "## Predicted from every prompt (replay)", "## Memory"]
+    assert sum(x.startswith("![") for x in first) == 1 and "verdicts.png" in "\n".join(first)
+    assert sum(x.startswith("|--") for x in first) == 2  # the verdict table and the memory table
+    assert [x for x in md.splitlines() if "diagnostics.md" in x] == [
+        next(x for x in md.splitlines() if x.startswith(f"- [Diagnostics](runs/{DEFAULT_RUN}/diagnostics.md)"))]
+    for check in SELF_CHECKS:
+        assert check in diagnostics and check not in md, check
+    sections = re.split(r"\n(?=## )", md.split("\n## Contents\n", 1)[1])
+    assert all(len(s.splitlines()) <= 60 for s in sections), [s.splitlines()[0] for s in sections
+                                                              if len(s.splitlines()) > 60]
+
+
+def test_a_fresh_report_answers_first_and_keeps_its_self_checks_in_the_diagnostics(run):
+    md, diagnostics = (run.parent.parent / f"{run.name}.md").read_text(), (run / "diagnostics.md").read_text()
+    first = "\n".join(_first_screen(md))
+    assert len(first.splitlines()) <= 60
+    assert "## The answer" in first and "## Verdict per category" in first and "## Memory" in first
+    assert first.count("![") == 1
+    for heading in ("## Per category", "## Output equivalence (greedy)", "## Cost model"):
+        assert heading in diagnostics and heading not in md
+    assert f"[its report](../../{run.name}.md)" in diagnostics
+
+
+def test_diagnostics_are_written_and_checked_as_the_report_is(run):
+    diagnostics = run / "diagnostics.md"
+    text = diagnostics.read_text()
+    diagnostics.write_text(text.replace("## Per category", "## Per category (edited)"))
+    r = harness("report", run, "--check")
+    one_line_error(r, "disagrees", "1 place")
+    assert "diagnostics.md line" in r.stdout
+    one_line_error(harness("archive", run), "already disagrees", "nothing archived")
+    diagnostics.unlink()
+    r = harness("report", run, "--check")
+    one_line_error(r, "disagrees")
+    assert "no diagnostics.md" in r.stdout
+    assert harness("report", run).returncode == 0 and diagnostics.read_text() == text
+    assert harness("report", run, "--check").returncode == 0
+
+
+def test_the_first_screen_gives_llama_servers_command_and_how_to_run_it_the_others():
+    from harness.report.answer import how_to_run, section
+    a = {"target": "t", "ngl": 0, "threads": 0, "setup": "", "category": "code", "policy": "greedy",
+         "verdict": "speculate", "speedup": 1.5, "lo": 1.3, "hi": 1.7, "min_gain": 0.05, "levelled": None,
+         "configuration": "d γ 3", "source": "timed on 3 prompt(s)", "check": "", "note": "A note.",
+         "server": "llama-server -m t", "speculative_simple": "llama-speculative-simple -m t", "python": None,
+         "exact_speedup": None}
+    first, how = section([a]), how_to_run([a])
+    assert "  llama-server -m t" in first and "  A note." in first
+    assert not any("llama-speculative-simple" in x for x in first)
+    assert how[0] == "## How to run it" and "  llama-speculative-simple -m t" in how and "  A note." not in how
+    assert how_to_run([a | {"speculative_simple": None}]) == []

@@ -85,7 +85,7 @@ def decide(group: list[Evidence], level: float = LEVEL, min_gain: float = MIN_GA
     common = {"min_gain": min_gain, "level": level}
     if any(r.busy for r in group):
         return Verdict(BUSY, best, *interval(best.speedup, best.se, best.prompts, level, log=True), k=len(rows),
-                       why="other processes used the CPU while it ran (see Machine noise)", **common)
+                       why="other processes used the CPU while it ran (see Machine noise in the diagnostics)", **common)
     usable = [r for r in rows if r.prompts >= 2]
     left_out = len(rows) - len(usable)
     if not usable:

@@ -1,5 +1,6 @@
-"""Reports from a run directory's traces: Markdown, CSV, JSON, Parquet; and --check, which recomputes every
-figure from the traces and compares it with the written report and every export the run holds."""
+"""Reports from a run directory's traces: Markdown (the report, and the run's diagnostics.md), CSV, JSON, Parquet;
+and --check, which recomputes every figure from the traces and compares it with the written report, the
+diagnostics and every export the run holds."""
 from __future__ import annotations
 
 import errno
@@ -11,6 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.errors import HarnessError, naming
+from harness.report.diagnostics import DIAGNOSTICS, render_diagnostics
 from harness.report.render import render_markdown
 from harness.report.tables import compute
 from harness.rundir import RUNS_DIR, integrity, read_plan, repair_results
@@ -81,8 +83,9 @@ def draw_plots(run_dir: Path, data: dict[str, pl.DataFrame]) -> None:
 
 
 def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> Path:
-    """The Markdown report (<run>.md and latest.md) and the exports in `formats`; every export the run already
-    holds is written again too, so that none is left that the traces do not give."""
+    """The Markdown report (<run>.md and latest.md) and the diagnostics (<run>/diagnostics.md), and the exports in
+    `formats`; every export the run already holds is written again too, so that none is left that the traces do
+    not give."""
     run_dir = run_of(run_dir)[0]
     repair_results(run_dir)
     data = compute(run_dir)
@@ -91,15 +94,21 @@ def write_reports(run_dir: Path, formats: tuple[str, ...] = ("md", "json")) -> P
     with naming(None, run=run_dir):  # a full disk: one line that says the run's results are kept
         if "md" in formats:
             draw_plots(run_dir, data)
-            md_text = render_markdown(run_dir, data, root)
-            for p in (md, root / f"{LATEST}.md"):
+            for p, text in markdown(run_dir, data, [md, root / f"{LATEST}.md"]).items():
                 with naming(p):
-                    p.write_text(md_text)
+                    p.write_text(text)
         held = [f.suffix[1:] for f in exports_held(run_dir)]
         for fmt in dict.fromkeys((*formats, *held)):
             if fmt != "md":
                 export(data, run_dir, fmt)
     return md
+
+
+def markdown(run_dir: Path, data: dict[str, pl.DataFrame], reports: list[Path]) -> dict[Path, str]:
+    """The Markdown a run's figures give, by the path it belongs at: its report at each of `reports` (<run>.md,
+    latest.md: the same text, all in one directory) and its diagnostics in the run directory."""
+    text = render_markdown(run_dir, data, reports[0].parent)
+    return {p: text for p in reports} | {run_dir / DIAGNOSTICS: render_diagnostics(run_dir, data, reports[0])}
 
 
 def export_frames(data: dict[str, pl.DataFrame], run_dir: Path) -> dict[str, pl.DataFrame]:
@@ -166,8 +175,9 @@ def _export_diffs(run_dir: Path, data: dict[str, pl.DataFrame], shown: Path) -> 
 def differences(path: Path, data: dict[str, pl.DataFrame] | None = None,
                 exports: bool = True) -> tuple[list[str], list[str]]:
     """What --check finds, in two lists: causes, where the run's own files are not as bench wrote them (rows,
-    traces; rundir.integrity), which explain the rest; and differences, between the written reports (and, with
-    exports, the exports) and what the traces give now (or data, the run's figures as compute gave them)."""
+    traces; rundir.integrity), which explain the rest; and differences, between the written reports and
+    diagnostics (and, with exports, the exports) and what the traces give now (or data, the run's figures as
+    compute gave them)."""
     run_dir, names = run_of(path)
     plan = read_plan(run_dir)  # a directory that is not a run says so first
     root = reports_root(run_dir)
@@ -178,12 +188,16 @@ def differences(path: Path, data: dict[str, pl.DataFrame] | None = None,
     # first, as they explain the rest: a configuration without its row or trace (or with two rows) is in no
     # table or in one twice, so no line need differ; the plan says what is missing
     causes = integrity(run_dir, plan)
-    fresh = render_markdown(run_dir, data, root).splitlines()
     diffs = []
-    for md in (m for m in mds if m.exists()):
-        old = md.read_text().splitlines()
+    for md, text in markdown(run_dir, data, mds).items():
         where = "" if md == mds[0] else f"{md.name} "
-        diffs += [f"{where}line {i + 1}: report has {a!r}, traces give {b!r}"
+        if not md.exists():
+            if md.name == DIAGNOSTICS:  # a latest.md not written yet is no difference; a missing diagnostics is
+                diffs.append(f"no {DIAGNOSTICS} in {run_dir} (`harness report {path}` writes it)")
+            continue
+        old, fresh = md.read_text().splitlines(), text.splitlines()
+        said = "it" if md.name == DIAGNOSTICS else "report"
+        diffs += [f"{where}line {i + 1}: {said} has {a!r}, traces give {b!r}"
                   for i, (a, b) in enumerate(zip(old, fresh)) if a != b]
         if len(old) != len(fresh):
             diffs.append(f"{where or 'report '}has {len(old)} lines, traces give {len(fresh)}")

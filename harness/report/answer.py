@@ -136,37 +136,58 @@ def rests_on(a: dict) -> str:
     return f"{a['source']}" + (f"; timed check: {check}" if check else "")
 
 
-def section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
-    """The first lines of the report: the answer per group, in words, each "speculate" with its command."""
-    rows = answers(data, plan)
+def section(rows: list[dict]) -> list[str]:
+    """The first lines of the report: the answer per group (answers), in words, each "speculate" with its
+    llama-server command (how_to_run gives the others)."""
     if not rows:
         return []
     vary = [k for k in VARY if len({r[k] for r in rows}) > 1]
     lines = ["## The answer", "",
              f"Per category and sampling policy; 95% confidence, at a least gain worth having of "
              f"{rows[0]['min_gain']:.0%} (`--min-gain`). No verdict rests on a busy measurement, nor on a prediction "
-             "its own timed run contradicts. The tables below give every figure.", ""]
+             "its own timed run contradicts. The table below gives each verdict's figures.", ""]
     for r in rows:
-        where = ", ".join(f"{k} {r[k]}" for k in vary)
-        lines.append(f"- {where + ': ' if where else ''}{sentence(r)}")
-        lines += [f"  {x}" for x in _how(r)]
+        lines.append(f"- {_where(r, vary)}{sentence(r)}")
+        lines += [f"  {x}" for x in _how(r, SERVER)]
     return lines + [""]
 
 
-def _how(a: dict) -> list[str]:
-    """The commands beside a speculate answer, as an indented block of the list item."""
+def how_to_run(rows: list[dict]) -> list[str]:
+    """The other ways to run each "speculate" of the answer: llama-speculative-simple's command (a draft model),
+    llama-cpp-python's code (an n-gram lookup)."""
+    vary = [k for k in VARY if len({r[k] for r in rows}) > 1]
+    lines = []
+    for r in rows:
+        how = _how(r, OTHERS)
+        if how:
+            lines += [f"- {_where(r, vary)}{r['category']}, {r['policy']}: {r['configuration']}",
+                      *(f"  {x}" for x in how)]
+    return ["## How to run it", "", "Each \"speculate\" of the answer, with llama-server's command given there, "
+            "runs in llama.cpp's own tools too:", "", *lines, ""] if lines else []
+
+
+def _where(r: dict, vary: list[str]) -> str:
+    where = ", ".join(f"{k} {r[k]}" for k in vary)
+    return f"{where}: " if where else ""
+
+
+SERVER = (("llama-server", "server", "sh"),)
+OTHERS = (("llama-speculative-simple", "speculative_simple", "sh"), ("llama-cpp-python", "python", "python"))
+
+
+def _how(a: dict, tools=SERVER + OTHERS) -> list[str]:
+    """The commands of `tools` beside a speculate answer, as an indented block of the list item; with
+    llama-server's, where llama.cpp's behaviour differs from what was measured, the note that says how."""
     if a["verdict"] != SPECULATE:
         return []
     out = []
-    if a["note"]:
+    if a["note"] and SERVER[0] in tools:
         out.append(a["note"] + (f" Under llama.cpp's rule this run measured "
                                 f"{ci(a['exact_speedup'], a['exact_lo'], a['exact_hi'], unit='x')}."
                                 if a["exact_speedup"] is not None else ""))
-    for label, text, lang in (("llama-server", a["server"], "sh"), ("llama-speculative-simple",
-                                                                     a["speculative_simple"], "sh"),
-                              ("llama-cpp-python", a["python"], "python")):
-        if text:
-            out += [f"{label}:", f"```{lang}", *text.splitlines(), "```"]
+    for label, key, lang in tools:
+        if a[key]:
+            out += [f"{label}:", f"```{lang}", *a[key].splitlines(), "```"]
     return out
 
 

@@ -1,8 +1,9 @@
 """`harness archive RUN_DIR`: a finished run made small enough to commit. Its traces are gzipped (every reader
 takes x.jsonl.gz for x.jsonl), what `harness report` makes again from them is dropped (the exports, and every
-plot but the first screen's), the Markdown report is written again without the dropped plots' links, and it is
-checked against the traces as `harness report --check` does. Nothing a figure is computed from is removed:
-plan.json, results.jsonl, noise.jsonl, calibration/ and fidelity.json stay as they are."""
+plot but the verdicts' and concurrency's), the Markdown report and diagnostics are written again without the
+dropped plots' links, and both are checked against the traces as `harness report --check` does. Nothing a figure
+is computed from is removed: plan.json, results.jsonl, noise.jsonl, calibration/ and fidelity.json stay as they
+are."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,23 +11,23 @@ from pathlib import Path
 import polars as pl
 
 from harness.errors import HarnessError
-from harness.report import EXPORT_FORMATS, EXPORTS, LATEST, check, reports_root, run_of, writable
+from harness.report import EXPORT_FORMATS, EXPORTS, LATEST, check, markdown, reports_root, run_of, writable
 from harness.report.concurrency import PLOT as CONCURRENCY_PLOT
-from harness.report.render import VERDICT_PLOT, render_markdown
+from harness.report.render import VERDICT_PLOT
 from harness.report.tables import compute
 from harness.rundir import LOCK_FILE, RUNS_DIR, read_plan, trace_files, unfinished
 from harness.trace import GZ, compress, decompress
 
-FIRST_SCREEN = (VERDICT_PLOT, CONCURRENCY_PLOT)  # the plots the report shows before "Machine and run": kept
+KEPT = (VERDICT_PLOT, CONCURRENCY_PLOT)  # the plots the report shows among its answers: the verdicts, against N
 
 
 def derived(run_dir: Path) -> list[Path]:
     """What `harness report RUN_DIR --format md,csv,json,parquet` makes again from the traces and no figure is
-    read from: the exports, and the plots off the first screen; and bench's lock file."""
+    read from: the exports, and the plots but KEPT; and bench's lock file."""
     exports = [run_dir / f"{name}.{fmt}" for name in EXPORTS for fmt in EXPORT_FORMATS]
     plots = sorted((run_dir / "plots").glob("*.png"))
     lock = [run_dir / LOCK_FILE] if (run_dir / LOCK_FILE).exists() else []  # bench's lock: no evidence
-    return [f for f in exports if f.exists()] + [p for p in plots if p.name not in FIRST_SCREEN] + lock
+    return [f for f in exports if f.exists()] + [p for p in plots if p.name not in KEPT] + lock
 
 
 def size(run_dir: Path) -> int:
@@ -113,9 +114,9 @@ def archive(run_dir: Path) -> dict:
     if (run_dir / "plots").is_dir() and not any((run_dir / "plots").iterdir()):
         (run_dir / "plots").rmdir()
     md = reports_root(run_dir) / f"{run_dir.name}.md"
-    text = render_markdown(run_dir, figures, md.parent)  # the same figures, without the dropped plots' links
-    if md.read_text() != text:
-        md.write_text(text)
+    for f, text in markdown(run_dir, figures, [md]).items():  # the same figures, without the dropped plots' links
+        if not f.exists() or f.read_text() != text:
+            f.write_text(text)
     diffs = check(run_dir)  # what `harness report --check` does: every figure again, from the gzipped traces
     if diffs:
         raise HarnessError(f"after archiving, the report of {run_dir} disagrees with its traces in {len(diffs)} "

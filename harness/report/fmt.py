@@ -1,6 +1,8 @@
 """Formatting of figures for the Markdown report."""
 from __future__ import annotations
 
+import re
+
 from tabulate import tabulate
 
 
@@ -41,3 +43,26 @@ def pct_ci(x, lo, hi) -> str:
     if lo is None or hi is None:
         return f"{x:.0%}"
     return f"{x:.0%} [{lo * 100:.0f}, {hi * 100:.0f}]"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading's text: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def contents(before: list[str], lines: list[str], *extra: str) -> list[str]:
+    """A table of contents of the `## ` headings in lines (the sections below it), each a link to its anchor as
+    GitHub numbers it among every heading of the page (before: the lines above the contents), and the extra
+    items after them."""
+    seen: dict[str, int] = {}
+    items = []
+    for k, ln in enumerate([*before, "## Contents", *lines]):
+        m = re.match(r"(#{1,6}) (.*)", ln)
+        if not m:
+            continue
+        base = slug(m.group(2))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        if m.group(1) == "##" and k > len(before):
+            items.append(f"- [{m.group(2).strip()}](#{base if n == 0 else f'{base}-{n}'})")
+    return ["## Contents", "", *items, *(f"- {x}" for x in extra), ""]

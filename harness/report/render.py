@@ -1,5 +1,7 @@
-"""The Markdown report. The first screen answers the question (the verdict per category with its interval, and
-one plot); the detail follows (report.sections)."""
+"""The Markdown report, made for its user. The first screen answers the question: the answer per category in words
+with its interval (and the llama-server command of each "speculate"), one verdict table, one plot and the memory
+each configuration took; then a table of contents, and sections of about a screen each. The harness's checks of
+itself are in the run's diagnostics.md (report.diagnostics), which the contents link to in one line."""
 from __future__ import annotations
 
 import os
@@ -7,9 +9,9 @@ from pathlib import Path
 
 import polars as pl
 
-from harness.analysis import verdict
 from harness.report import answer, concurrency, replayed, sections
-from harness.report.fmt import ci, f, mib, table
+from harness.report.diagnostics import DIAGNOSTICS
+from harness.report.fmt import contents, mib, table
 from harness.rundir import read_plan
 
 VERDICT_PLOT = "verdicts.png"
@@ -20,24 +22,31 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
     plan = read_plan(run_dir)
     rel = Path(os.path.relpath(run_dir.resolve(), md_dir.resolve()))
     sweep = data.get("sweep")
-    lines = ["# Should I use speculative decoding here?", "", _summary(plan), ""]
+    first = ["# Should I use speculative decoding here?", "", _summary(plan), ""]
     if sweep is None or not len(sweep):
-        lines += ["No configuration finished.", ""]
+        first += ["No configuration finished.", ""]
+        body = _machine(plan, rel)
     else:
-        # the answer in words, then its table and plot: with a replay, the verdicts predicted from every prompt
-        # (the timed ones check them), else the timed ones
-        timed = _verdicts(data.get("verdicts"), plan)
-        predicted = replayed.verdict_section(data, plan)
-        lines += answer.section(data, plan) + (predicted or timed) + _verdict_plot(run_dir, rel) + \
-            (timed if predicted else []) + replayed.sections(data, plan) + \
-            sections.until_confident(plan, data.get("verdicts")) + concurrency.section(data, run_dir, rel)
-    lines += _machine(plan, rel)
-    if sweep is not None and len(sweep):
-        lines += sections.noise(data, plan) + sections.drift(sweep) + sections.per_category(sweep) + \
-            sections.cost_model(data) + sections.quantization(sweep, data.get("fidelity")) + sections.memory(sweep) + \
-            sections.equivalence(data.get("equivalence"), data["configs"]) + sections.plots(run_dir, md_dir)
-    lines += _failures(data) + _how_to_read()
-    return "\n".join(lines)
+        # the answer in words, its plot, and its table: with a replay, the verdicts predicted from every prompt
+        # (the timed ones check them, in the diagnostics), else the timed ones
+        rows = answer.answers(data, plan)
+        memory, memory_detail = sections.memory(sweep)
+        first += answer.section(rows) + _verdict_plot(run_dir, rel) + (
+            replayed.verdict_table(data) or sections.timed_verdicts(data.get("verdicts"))) + memory
+        body = answer.how_to_run(rows) + _how_verdicts(data, plan) + replayed.sections(data, plan) + \
+            sections.until_confident(plan, data.get("verdicts")) + concurrency.section(data, run_dir, rel) + \
+            _machine(plan, rel) + sections.quantization(sweep, data.get("fidelity")) + memory_detail + \
+            sections.plots(run_dir, md_dir)
+    body += _failures(data) + _how_to_read()
+    checks = (f"[Diagnostics]({(rel / DIAGNOSTICS).as_posix()}): the harness's checks of itself (its predictions "
+              "against its own timings, the timing floor, machine noise and drift, output equivalence) and every "
+              "timed row")
+    return "\n".join(first + contents(first, body, checks) + body)
+
+
+def _how_verdicts(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
+    """How the verdicts above are reached: the rule, and for a run with a replay, what the prediction is."""
+    return ["## How the verdicts are reached", "", *sections.verdict_rules(plan), *replayed.verdict_rules(data, plan)]
 
 
 def _summary(plan: dict) -> str:
@@ -49,51 +58,6 @@ def _summary(plan: dict) -> str:
             f"gamma {', '.join(map(str, p.get('gamma', [])))}; "
             f"{s.get('cpu', 'unknown CPU')}, {s.get('cores_physical')} cores, {s.get('backend', '')}; "
             f"{s.get('date', '')}.")
-
-
-def _verdicts(v: pl.DataFrame | None, plan: dict) -> list[str]:
-    if v is None or not len(v):
-        return []
-    vary = [k for k in ("target", "ngl", "threads", "setup") if v[k].n_unique() > 1]
-    rows = []
-    for r in v.iter_rows(named=True):
-        star = "*" if r["adjusted"] else ""
-        speed = ci(r["speedup"], r["lo"], r["hi"], unit="x") + star
-        rows.append([r[k] for k in vary] + [r["category"], r["policy"], f(r["plain_tokens_per_s"], ".1f"),
-                     f"{r['draft_label']} g={r['gamma_label']}" if r["draft"] else "", speed, r["verdict"],
-                     r["prompts"] or "", replayed.settle(r), _why(r)])
-    params = plan.get("params", {})
-    gain = f"{params.get('min_gain', verdict.MIN_GAIN):.0%}"
-    sequential = (" Rounds added until confident are judged look by look: each look spends a share of the 5% "
-                  "(the shares add up to 5% whatever the number of looks), and a group keeps the first verdict "
-                  "that settled it.") if params.get("until_confident") else ""
-    return ["## Verdict per category", "",
-            "Speculate only when accepted progress per millisecond beats plain decoding by a gain worth having "
-            f"({gain}), with 95% confidence: *speculate* when a configuration's interval lies above 1 + {gain} "
-            "(widened, *, for having picked the best of the k configurations tried); *plain decoding* when every "
-            "configuration's interval lies below 1; *no gain worth having* when every configuration's one-sided "
-            f"95% upper bound lies below 1 + {gain}; *inconclusive* otherwise, with the further prompts that would "
-            "settle the likeliest verdict with 80% probability at the measured spread. Configurations measured on "
-            "one prompt take no part. Each row names the best configuration (or the one to use) and its speedup "
-            "against " + ("plain decoding run beside it, prompt by prompt" if params.get("paired")
-                          else "the category's plain baseline")
-            + "; [a, b] is the 95% interval from a bootstrap over the category's prompts and their steps."
-            + sequential, "",
-            table(rows, vary + ["category", "policy", "plain tok/s", "best (draft, gamma)", "speedup [95% CI]",
-                                "verdict", "prompts", "settled by", "why"]), ""]
-
-
-def _why(r: dict) -> str:
-    if r["why"]:
-        return r["why"]
-    if r["adaptive"] and not r["proposed"]:
-        return "adaptive gamma chose plain decoding at every step"
-    if r["verdict"] == verdict.SPECULATE:
-        return f"{r['k']} configurations compared" if r["k"] > 1 else ""
-    why = verdict.where_time_goes(r["draft_ms"] or 0, r["verify_ms"] or 0, r["overhead_ms"] or 0)
-    if r["verify_ms_per_call"] and r["ref_tokens_per_ms"]:
-        why += f"; a verify call costs {r['verify_ms_per_call'] * r['ref_tokens_per_ms']:.1f}x a plain decode"
-    return why
 
 
 def _verdict_plot(run_dir: Path, rel: Path) -> list[str]:

@@ -1,17 +1,16 @@
 """The report's replay sections: verdicts predicted from every prompt, acceptance apart from cost (models,
-prompts and policy only), cost apart from acceptance (this machine only), the predicted speedup that combines
-them, and the timed runs that confirm it."""
+prompts and policy only), the predicted speedup that combines it with this machine's cost, and the two
+verification rules side by side. Its cost, adaptive gamma and the timed runs that check it are diagnostics
+(report.diagnostics)."""
 from __future__ import annotations
 
-import statistics
 from dataclasses import replace
 
 import polars as pl
 
 from harness.analysis.verdict import (BEYOND, BUSY, INCONCLUSIVE, MIN_GAIN, NO_GAIN, PLAIN, SPECULATE, Evidence,
                                       decide)
-from harness.report.fmt import beside, ci, f, table
-from harness.report.sections import timing_floor
+from harness.report.fmt import beside, ci, table
 from harness.report.verdicts import LEVEL_BUSY, speculated
 
 GROUP = ["target", "ngl", "threads", "setup", "policy", "category"]
@@ -120,75 +119,62 @@ def per_target(frame: pl.DataFrame, lines_of) -> list[str]:
             for x in [f"Target `{t}`:", "", *lines_of(frame.filter(pl.col("target") == t))]]
 
 
-def verdict_section(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
-    """The verdicts predicted from every prompt: the first table of a run with a replay."""
+def verdict_table(data: dict[str, pl.DataFrame]) -> list[str]:
+    """The verdicts predicted from every prompt, a row per group (under its target's name where the run has
+    several): the first screen's table of a run with a replay."""
     r, v = data.get("replay"), data.get("replay_verdicts")
     if r is None or not len(r) or v is None or not len(v):
         return []
+    several = v["target"].n_unique() > 1
+    rows = [([t] if several else []) + [
+        x["category"], x["policy"], f"{x['proposer']} g={'auto<=' if x['adaptive'] else ''}{x['gamma']}",
+        ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"], x["prompts"],
+        settle(x), confirmation(x)]
+        for t in v["target"].unique(maintain_order=True) for x in v.filter(pl.col("target") == t).iter_rows(named=True)]
+    return ["## Predicted from every prompt (replay)",
+            table(rows, (["target"] if several else []) + ["category", "policy", "best predicted", "speedup [95% CI]",
+                                                           "verdict", "prompts", "settled by", "timed run"]), ""]
+
+
+def verdict_rules(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
+    """How the predicted verdicts are reached, under their table's name; for a run without a replay, that its
+    verdicts rest on the timed configurations alone."""
+    r, v = data.get("replay"), data.get("replay_verdicts")
+    if r is None or not len(r):
+        if plan.get("params", {}).get("replay"):
+            return []
+        return ["This run has no replay (it predates it, or ran without --replay): the verdicts rest on the timed "
+                "configurations alone.", ""]
+    if v is None or not len(v):
+        return []
     gm = int(r["gamma"].max())
     gain = f"{v['min_gain'][0]:.0%}"
-
-    def vtable(v: pl.DataFrame) -> list[str]:
-        rows = [[x["category"], x["policy"], f"{x['proposer']} g={'auto<=' if x['adaptive'] else ''}{x['gamma']}",
-                 ci(x["speedup"], x["lo"], x["hi"], unit="x") + ("*" if x["adjusted"] else ""), x["verdict"],
-                 x["prompts"], settle(x), confirmation(x)] for x in v.iter_rows(named=True)]
-        return [table(rows, ["category", "policy", "best predicted", "speedup [95% CI]", "verdict", "prompts",
-                             "settled by", "timed run"]), ""]
-    return ["## Predicted from every prompt (replay)", "",
+    return ["**Predicted from every prompt (replay).** "
             "Each plain baseline's outputs were teacher-forced through every draft (and the n-gram proposals "
             "recomputed from the same contexts): under greedy decoding (and llama.cpp's exact rule, whose outputs "
             f"are the plain ones) this gives the exact steps of speculative decoding at every gamma up to {gm} "
             "(exact up to kernel near-ties); under sampling with Leviathan's rule, the probability of acceptance at "
             "each position (alpha = sum min(p, q) along the target's own output), from which the *expected* steps "
             "follow. With the decode costs measured beside the replay, levelled to each category's measured plain "
-            "speed, that predicts the speedup of every configuration from every prompt. The verdicts are those of "
-            f"the timed table (95%) at a least gain worth having of {gain}, over all "
+            "speed, that predicts the speedup of every configuration from every prompt. The verdicts follow the rule "
+            f"above (95%) at a least gain worth having of {gain}, over all "
             f"{r.select('proposer').n_unique()} proposers x {gm} gammas of a group (widened for speculate, *). "
             "Settled by: the bound that settled the claim, or the further prompts that would settle the likeliest "
             "verdict with 80% probability. Timed run: the named configuration, timed; confirmed when its interval "
             "lies on the verdict's side of its bar, CONTRADICTED when it lies wholly on the other side, consistent "
-            "otherwise (for an open verdict, when the two intervals meet).",
-            "", *per_target(v, vtable)]
+            "otherwise (for an open verdict, when the two intervals meet).", ""]
 
 
 def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
-    """The replay's detail: acceptance, cost, predicted speedup, rules, adaptive gamma, against the timed runs."""
+    """The replay's detail a user reads: acceptance, predicted speedup, the two verification rules (its costs,
+    adaptive gamma and its agreement with the timed runs are in the diagnostics)."""
     r = data.get("replay")
     if r is None or not len(r):
         if plan.get("params", {}).get("replay"):
             return ["## Replay", "", "The replay did not finish (see the configurations that did not finish).", ""]
-        return ["This run has no replay (it predates it, or ran without --replay): the verdicts rest on the timed "
-                "configurations alone.", ""]
-    fixed = r.filter(~pl.col("adaptive"))
-    return ["## The replay in detail", ""] + _acceptance(fixed) + _costs(data.get("replay_costs")) + \
-        _speedup(fixed) + _rules(fixed) + _adaptive(r) + _against_timed(data.get("replay_same"),
-                                                                           data.get("equivalence"),
-                                                                           data.get("timing_floor"))
-
-
-def _adaptive(r: pl.DataFrame) -> list[str]:
-    """The adaptive controller replayed (greedy, draft models): against the best fixed gamma."""
-    auto = r.filter(pl.col("adaptive"))
-    if not len(auto):
         return []
-
-    def rows(auto: pl.DataFrame) -> list[str]:
-        out = []
-        for x in auto.iter_rows(named=True):
-            fixed = r.filter(~pl.col("adaptive") & (pl.col("base") == x["base"])
-                             & (pl.col("category") == x["category"]) & (pl.col("proposer") == x["proposer"])
-                             ).sort("speedup", descending=True).row(0, named=True)
-            bar = max(fixed["speedup"], 1.0)
-            out.append([x["category"], x["proposer"], ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
-                        f"{fixed['gamma']}: " + ci(fixed["speedup"], fixed["speedup_lo"], fixed["speedup_hi"],
-                                                   unit="x"),
-                        f(x["speedup"] / bar, ".2f")])
-        return [table(out, ["category", "proposer", "auto", "best fixed gamma", "auto / max(best fixed, plain)"]),
-                ""]
-    return ["### Adaptive gamma (greedy, replayed)", "",
-            "The controller (`--gamma auto`) run over the replayed acceptances with the measured costs, choosing "
-            "gamma per step up to the replay's largest (0: a plain step), against the best fixed gamma and plain "
-            "decoding (1.00x); its goal is to be within 5% of the better of the two.", "", *per_target(auto, rows)]
+    fixed = r.filter(~pl.col("adaptive"))
+    return _acceptance(fixed) + _speedup(fixed) + _rules(fixed)
 
 
 def _acceptance(r: pl.DataFrame) -> list[str]:
@@ -203,42 +189,10 @@ def _acceptance(r: pl.DataFrame) -> list[str]:
                           if k in by else "" for k in SHOWN_GAMMAS])
         return [table(out, ["category", "policy", "proposer", "kind", "alpha"]
                       + [f"accepted/step g={k}" for k in SHOWN_GAMMAS]), ""]
-    return ["### Acceptance (models, prompts and policy only)", "",
+    return ["## Acceptance (models, prompts and policy only)", "",
             "alpha: per position (greedy: the rate at which the draft's proposal matches the output); mean accepted "
             "drafts per verification step at gamma 1, 2, 4, 8. Exact under greedy, expected under sampling.", "",
             *per_target(r, rows)]
-
-
-def _costs(c: pl.DataFrame | None) -> list[str]:
-    """Cost depends on this machine only: the target's verification blocks against one decode, the draft's."""
-    if c is None or not len(c):
-        return []
-    def rows(c: pl.DataFrame) -> list[str]:
-        out = []
-        for x in c.iter_rows(named=True):
-            for ctx, t, d in zip(x["contexts"], x["target_ms_by_context"], x["draft_ms_by_context"]):
-                out.append([x["policy"], x["proposer"], ctx, f(t[0], ".1f")]
-                           + [f(t[k - 1] / t[0], ".2f") + "x" if k <= len(t) else "" for k in (2, 3, 5, 9)]
-                           + [f(d[0], ".2f") if d else ""])
-        return [table(out, ["policy", "proposer", "cached tokens", "target ms", "k=2", "k=3", "k=5", "k=9",
-                            "draft ms"]), ""]
-    return ["### Cost (this machine only)", "",
-            "Measured beside the replay, with the prompts' own text in the cache: one target decode, a verification "
-            "block of k tokens against it, and one draft decode (an n-gram lookup's own time)." + _moved(c), "",
-            *per_target(c, rows)]
-
-
-def _moved(c: pl.DataFrame) -> str:
-    """What the two moments of the replay's costs say of the machine's drift (runs from before: nothing)."""
-    if "moved" not in c.columns:
-        return ""
-    by_target = c.unique("config", keep="first", maintain_order=True)["moved"].drop_nulls()
-    ms = [abs(x) for xs in by_target for x in xs]
-    if not ms:
-        return ""
-    return (f" Each was measured twice, before the replay's prompts and after them, and the two pooled: between "
-            f"the two moments the target's blocks moved by a median of {statistics.median(ms):.0%} and up to "
-            f"{max(ms):.0%}. The medians sit between the two moments; the spread is in the intervals.")
 
 
 def _speedup(r: pl.DataFrame) -> list[str]:
@@ -251,7 +205,7 @@ def _speedup(r: pl.DataFrame) -> list[str]:
                                                          unit="x"),
                         ci(one["speedup"], one["speedup_lo"], one["speedup_hi"], unit="x")])
         return [table(out, ["category", "policy", "proposer", "best gamma", "at best gamma", "at gamma 1"]), ""]
-    return ["### Predicted speedup (acceptance and cost combined)", "", *per_target(r, rows)]
+    return ["## Predicted speedup (acceptance and cost combined)", "", *per_target(r, rows)]
 
 
 def _rules(r: pl.DataFrame) -> list[str]:
@@ -275,56 +229,9 @@ def _rules(r: pl.DataFrame) -> list[str]:
 
     if not rows(r):
         return []
-    return ["### Verification rules (replayed)", "",
+    return ["## Verification rules (replayed)", "",
             "Acceptance per position and the best predicted speedup under Leviathan's rejection sampling (a draft "
             "sampled from q, accepted with probability sum min(p, q)) and llama.cpp's rule (the draft's top token, "
             "accepted when the target samples it: probability p of that token), from the same passes.", "",
             *per_target(r, lambda r: [table(rows(r), ["category", "policy", "draft", "alpha leviathan",
                                                       "alpha exact", "best leviathan", "best exact"]), ""])]
-
-
-def _against_timed(t: pl.DataFrame | None, eq: pl.DataFrame | None, floor: pl.DataFrame | None) -> list[str]:
-    """The replay on the prompts a timed run used, against that run: acceptance and speedup, like for like."""
-    if t is None or not len(t):
-        return []
-    ties = {} if eq is None or not len(eq) else {(r["config"], r["category"]): r["kernel_near_ties"]
-                                                for r in eq.iter_rows(named=True)}
-
-    def rows(t: pl.DataFrame) -> list[str]:
-        out = [[x["category"], x["policy"], x["proposer"], x["gamma"], x["timed_prompts"],
-                f(x["acceptance_rate"], ".0%"), f(x["timed_acceptance_rate"], ".0%"),
-                ties.get((x["timed_config"], x["category"]), "") if x["policy"] == "greedy" else "",
-                ci(x["speedup"], x["speedup_lo"], x["speedup_hi"], unit="x"),
-                ci(x["timed_speedup"], x["timed_speedup_lo"], x["timed_speedup_hi"], unit="x"),
-                f(x["speedup"] / x["timed_speedup"] - 1, "+.0%")]
-               for x in t.sort(["category", "policy", "proposer", "gamma"]).iter_rows(named=True)]
-        return [table(out, ["category", "policy", "proposer", "gamma", "prompts", "acceptance (replayed)", "(timed)",
-                            "near-ties", "speedup (predicted)", "(measured)", "error"]), ""]
-
-    def close(col: str) -> int:
-        return sum(abs(x[col] / x["timed_speedup"] - 1) <= 0.10 for x in t.iter_rows(named=True) if x[col])
-    meet = sum(x["speedup_lo"] is not None and x["timed_speedup_lo"] is not None
-               and x["speedup_lo"] <= x["timed_speedup_hi"] and x["timed_speedup_lo"] <= x["speedup_hi"]
-               for x in t.iter_rows(named=True))
-    level = ("The predicted speedup prices plain decoding at the pace of the configuration's own plain twins, which "
-             "alternated with its generations: the replay takes plain decoding's speed as measured and predicts "
-             "what speculation costs against it. ") if t["at_twins"].all() else ""
-    drift = (f" At the plain baselines' pace instead, measured minutes earlier (as the verdicts price it), "
-             f"{close('speedup_at_baseline')} of {len(t)}: the difference is the machine's drift between the "
-             "two.") if level else ""
-    own = t["speedup_own_costs"].drop_nulls() if "speedup_own_costs" in t.columns else []
-    if len(own):
-        drift += (f" Priced instead with each timed configuration's own decode costs (measured in its worker before "
-                  "and after its generations, minutes after the replay's, with fewer repetitions): "
-                  f"{close('speedup_own_costs')} of {len(own)}. What that changes is the machine's drift between the "
-                  "replay's moment and the timed one, which costs measured at another moment cannot know; what "
-                  "remains is the cost model's error, the costs' own noise and, under sampling, the draw's.")
-    return ["### Replayed against timed", "",
-            "The replay on the very prompts each timed configuration ran, against that run. Under greedy decoding "
-            "the two acceptances are equal up to kernel near-ties: where the timed run left plain decoding (near-"
-            "ties, counted), and where the draft's own top two choices were nearly tied (the loop builds its cache "
-            "in blocks of one or two tokens as acceptance falls, the replay one token at a time). Under sampling "
-            f"the replay gives the expectation, the timed run one draw. {level}Speedup predicted within 10% of "
-            f"measured in {close('speedup')} of {len(t)} rows; the two intervals meet in {meet}.{drift}"
-            f"{timing_floor(floor)}",
-            "", *per_target(t, rows)]

@@ -1,5 +1,5 @@
-"""The report's detail sections, after the verdicts: per category, noise and drift, cost model, quantization,
-memory, output equivalence, plots."""
+"""Sections of the report and of its diagnostics: the timed verdicts and how a verdict is reached, per category,
+quantization, memory, evidence until settled, plots."""
 from __future__ import annotations
 
 import os
@@ -7,38 +7,10 @@ from pathlib import Path
 
 import polars as pl
 
-from harness.analysis.metrics import pace_spread
+from harness.analysis import verdict
 from harness.report.fmt import ci, f, mib, pct_ci, table
+from harness.report.replayed import settle
 from harness.rundir import plan_rounds, trace_files
-
-
-def drift(sweep: pl.DataFrame) -> list[str]:
-    if "drift" not in sweep.columns:
-        return []
-    base = sweep.filter((pl.col("draft") == "none") & pl.col("drift").is_not_null()).sort(
-        pl.col("policy") != "greedy", "policy", maintain_order=True)
-    if not len(base):
-        return []
-    rng = sweep.filter(pl.col("paired_tokens_per_s").is_not_null()).group_by(["category", "policy"]).agg(
-        pl.col("paired_tokens_per_s").min().alias("lo"), pl.col("paired_tokens_per_s").max().alias("hi"))
-    base = base.join(rng, on=["category", "policy"], how="left")
-    paired = base["lo"].is_not_null().any()
-    rows = [[r["category"], r["policy"], f(r["base_tokens_per_s"], ".2f"), f(r["base_end_tokens_per_s"], ".2f"),
-             f(r["drift"], ".3f")] + ([f"{f(r['lo'], '.2f')}-{f(r['hi'], '.2f')}"] if paired else [])
-            for r in base.iter_rows(named=True)]
-    worst = max(abs(d - 1) for d in base["drift"])
-    text = ("The plain baselines ran again after every other configuration; the two differ by up to "
-            f"{worst:.1%} here. ")
-    if paired:
-        text += ("Speedups are against the plain runs paired with each configuration in its worker, so this "
-                 "drift is not in them; the last column is the range of those paired plain speeds over the run.")
-    else:
-        text += ("Speedups are against the plain baselines at the start, and their intervals do not hold this "
-                 "drift: a speedup within it of 1.00x may be the machine's doing (rerun with --paired, as every "
-                 "profile does).")
-    return ["## Drift", "", text, "",
-            table(rows, ["category", "policy", "plain tok/s (start)", "plain tok/s (end)", "end / start"]
-                   + (["paired plain tok/s (range)"] if paired else [])), ""]
 
 
 def break_even(r: dict) -> str:
@@ -47,78 +19,16 @@ def break_even(r: dict) -> str:
     return "unreachable" if r["break_even_rate"] is None else f"{r['break_even_rate']:.0%}"
 
 
-def _agreement(cm: pl.DataFrame, floor: pl.DataFrame | None) -> str:
-    err = cm["error"].cast(pl.Float64).drop_nulls().abs()  # all null (no baseline finished): no dtype to abs
-    if not len(err):
-        return "No row has both a prediction and a measurement."
-    return (f"Predicted within 10% of measured in {int((err <= 0.1).sum())} of {len(err)} rows "
-            f"(mean absolute error {err.mean():.1%}).{timing_floor(floor)}")
-
-
-def timing_floor(fl: pl.DataFrame | None) -> str:
-    """How closely two timings of the same work agree in this run (metrics.timing_floor): how far a timed row
-    moves by itself, which no prediction can follow."""
-    if fl is None or not len(fl):
-        return ""
-    off = (fl["ratio"] - 1).abs()
-    return (" Two timings of the same work, seconds apart, show how far a timed row moves by itself: the "
-            "target's one-token decodes in the steps of speculative generations that proposed nothing "
-            f"and those of their plain twins ran within 10% of each other in {int((off <= 0.10).sum())} of "
-            f"{len(off)} generations, within 5% in {int((off <= 0.05).sum())} (median difference {off.median():.1%}). "
-            f"Beyond their decodes' own scatter, the pace moved by {pace_spread(fl):.1%} (log-scale spread) between "
-            "a generation and its twin, which the intervals of rows timed on one prompt carry.")
-
-
-def cost_model(data: dict[str, pl.DataFrame]) -> list[str]:
-    cm = data.get("cost_model")
-    if cm is None or not len(cm):
-        return []
-    rows = [[r["category"], r["policy"], r["draft_label"], r["gamma_label"], f(r["alpha"], ".3f"),
-             f(r["predicted"]) + ("x" if r["predicted"] is not None else ""), f(r["speedup"]) + "x",
-             f(r["error"], "+.0%"), "" if r["tokens_per_call_rse"] is None else f"±{r['tokens_per_call_rse']:.0%}"]
-            for r in cm.iter_rows(named=True)]
-    rec = [[r["category"], r["policy"], r["draft"], r["gamma"] or "0 (plain)"]
-           for r in data["recommended"].iter_rows(named=True)]
-    auto = data.get("adaptive")
-    auto_rows = [[r["category"], r["policy"], r["draft"], f(r["auto"]) + "x", f(r["best_fixed"]) + "x",
-                  f(r["ratio"], ".2f"), "yes" if r["within_5pct"] else "NO"]
-                 for r in (auto.iter_rows(named=True) if auto is not None else [])]
-    return ["## Cost model", "",
-            "Predicted speedup = E * T_target(1) / (gamma * T_draft(1) + T_verify(gamma+1) + overhead), "
-            "E = (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023), mixed with plain steps in the share "
-            "of steps that proposed nothing (the end of a generation; an n-gram lookup that found no match), with "
-            "the decode costs measured in "
-            + ("the row's worker before its generations and after them, the two pooled "
-               if cm["pooled"].any() else "the row's worker seconds before its generations ")
-            + "(the target's blocks with all logits, the draft's "
-            "decodes with the last row's; runs from before that use the run's calibration, `calibration/`, "
-            "interpolated to the row's mean context length), scaled so that T_target(1) is the row's measured plain "
-            "decode, and the row's measured alpha and per-step overhead. "
-            "s.e. is the relative standard error of the row's measured tokens per target call, from its "
-            "step-to-step spread: how far the acceptance draws of a short run move the measured speedup on their "
-            "own (the prediction uses alpha, which under sampling is an expectation and steadier; under greedy the "
-            "same draws set both); an error within about two of them is sampling noise.",
-            "", _agreement(cm, data.get("timing_floor")), "",
-            table(rows, ["category", "policy", "draft", "gamma", "alpha", "predicted", "measured", "error", "s.e."]),
-            ""] + ([
-            "Recommended gamma (the cost model's best at the measured alpha over the whole measured curve; 0 = "
-            "plain decoding):", "",
-            table(rec, ["category", "policy", "draft", "gamma"]), ""] if rec else []) + ([
-            "Adaptive gamma against the better of the best fixed gamma and plain decoding (speedup 1.00x), same "
-            "run; the goal is to be within 5% of it:", "",
-            table(auto_rows, ["category", "policy", "draft", "auto", "best fixed", "auto / max(best fixed, plain)",
-                               "within 5%"]), ""] if auto_rows else [])
-
-
 PLOTS = {"gamma.png": "Acceptance and tokens/s against gamma", "cost_model.png": "Predicted against measured speedup",
          "calibration.png": "Decode cost against tokens per call"}
+REPORT_PLOTS = ("gamma.png",)  # the rest are the diagnostics' (report.diagnostics)
 
 
-def plots(run_dir: Path, md_dir: Path) -> list[str]:
-    """Links to the plots the run holds (write_reports draws them when matplotlib is there), so that --check
-    neither draws nor depends on matplotlib."""
+def plots(run_dir: Path, md_dir: Path, names: tuple[str, ...] = REPORT_PLOTS) -> list[str]:
+    """Links to those of the plots `names` the run holds (write_reports draws them when matplotlib is there), so
+    that --check neither draws nor depends on matplotlib."""
     out = run_dir / "plots"
-    made = [name for name in PLOTS if (out / name).exists()]
+    made = [name for name in names if (out / name).exists()]
     if not made and any(f.name.endswith(".gz") for f in trace_files(run_dir)):
         return ["Plots: `harness archive` kept only the first screen's; `harness report RUN_DIR` draws them again.",
                 ""]
@@ -167,9 +77,11 @@ def _targets(sweep: pl.DataFrame, fidelity: pl.DataFrame | None) -> list[str]:
             table(rows, ["target", "policy", "bytes", "plain tok/s", "peak RSS", "alpha", "top-1"]), ""]
 
 
-def memory(sweep: pl.DataFrame) -> list[str]:
+def memory(sweep: pl.DataFrame) -> tuple[list[str], list[str]]:
+    """Memory on the first screen (what each configuration's worker held, on the host and on devices), and its
+    detail below (what those figures are, the weights per model file by llama.cpp buffer)."""
     if "host_model_bytes" not in sweep.columns or sweep["host_model_bytes"].is_null().all():
-        return _memory_before_breakdown(sweep)
+        return _memory_before_breakdown(sweep), []
     keys = ["target", "setup", "draft_label", "ngl", "ngl_draft"]
     m = sweep.group_by(keys, maintain_order=True).agg(
         pl.col("cache_k", "cache_v", "ubatch", "host_model_bytes", "host_kv_bytes", "host_compute_bytes", "devices",
@@ -187,20 +99,24 @@ def memory(sweep: pl.DataFrame) -> list[str]:
             dev.append(who + [r["devices"], mib(r["device_model_bytes"]), mib(r["device_kv_bytes"]),
                               mib(r["device_compute_bytes"])])
     cols = (["target"] if targets else []) + ["target KV", "ubatch", "draft"]
-    out = ["## Memory", "",
-           "What llama.cpp allocated for each configuration, target and draft together (its own log of its "
-           "buffers): weights, KV cache (at n_ctx, in the configuration's cache types) and compute buffers (the "
-           "largest graph, which holds ubatch x vocabulary logits, and the logits output); the worker's peak RSS; "
-           "and the harness's own share, the worker's RSS before any weights loaded (Python, numpy and the "
-           "libraries, llama.cpp's code included). Peak RSS counts only pages touched: weights are mapped from the "
-           "file and buffers are allocated for the largest batch, so it can lie below the sum of the buffers.", "",
-           "Host:", "", table(host, cols + ["weights", "KV", "compute", "peak RSS", "harness's own"]), "",
-           "Weights per model file, by llama.cpp buffer (CPU_REPACK holds copies of weights rearranged for its CPU "
-           "kernels, beside the file's mapping):", "",
-           table(sorted([m, b] for m, b in buffers if b), ["model", "weights by buffer"]), ""]
-    if dev:
-        return out + ["Devices:", "", table(dev, cols + ["device", "weights", "KV", "compute"]), ""]
-    return out + ["Devices: no device (every buffer is on the host: a CPU build, or no layer offloaded).", ""]
+    first = [table(host, cols + ["weights", "KV", "compute", "peak RSS", "harness's own"]), ""]
+    if dev:  # both labelled
+        first = ["", "Host:", "", *first, "Devices:", "", table(dev, cols + ["device", "weights", "KV", "compute"]), ""]
+    first = ["## Memory", *first]
+    detail = ["## Memory in detail", "",
+              "What llama.cpp allocated for each configuration, target and draft together (its own log of its "
+              "buffers): weights, KV cache (at n_ctx, in the configuration's cache types) and compute buffers (the "
+              "largest graph, which holds ubatch x vocabulary logits, and the logits output); the worker's peak "
+              "RSS; and the harness's own share, the worker's RSS before any weights loaded (Python, numpy and the "
+              "libraries, llama.cpp's code included). Peak RSS counts only pages touched: weights are mapped from "
+              "the file and buffers are allocated for the largest batch, so it can lie below the sum of the "
+              "buffers. The first screen gives them on the host" + (" and on devices." if dev else "."), "",
+              "Weights per model file, by llama.cpp buffer (CPU_REPACK holds copies of weights rearranged for its "
+              "CPU kernels, beside the file's mapping):", "",
+              table(sorted([m, b] for m, b in buffers if b), ["model", "weights by buffer"]), ""]
+    if not dev:
+        detail += ["Devices: no device (every buffer is on the host: a CPU build, or no layer offloaded).", ""]
+    return first, detail
 
 
 def _memory_before_breakdown(sweep: pl.DataFrame) -> list[str]:
@@ -213,31 +129,6 @@ def _memory_before_breakdown(sweep: pl.DataFrame) -> list[str]:
             for r in m.iter_rows(named=True)]
     return ["## Memory", "", "Peak RSS of each configuration's worker process; model files; KV cache at n_ctx (f16).",
             "", table(rows, ["draft", "gamma", "policy", "peak RSS", "model files", "KV cache"]), ""]
-
-
-def equivalence(eq: pl.DataFrame | None, cfg: pl.DataFrame) -> list[str]:
-    if eq is None or not len(eq):
-        return []
-    e = eq.join(cfg.select("config", "draft", "draft_label", "gamma", "gamma_label", "setup"), on="config")
-    setups = (e["setup"] != "").any()  # a column only where some configuration has one (parallel N, KV types, ...)
-    rows = [[r["category"]] + ([r["setup"]] if setups else []) + [
-        r["draft_label"], r["gamma_label"], r["generations"], f(r["exact_match_pct"], ".0f") + "%",
-        r["kernel_near_ties"], r["mismatches"], r["unchecked"]]
-        for r in e.sort(["category", "setup", "draft", "gamma"]).iter_rows(named=True)]
-    return ["## Output equivalence (greedy)", "",
-            "Greedy speculative output against greedy plain decoding, token for token. At the first divergence the "
-            "worker re-evaluated the target both ways, each path replayed as it ran: one token at a time (plain) "
-            "and inside the verification block that held the position (speculative). A kernel near-tie: the two "
-            "argmaxes differ there (llama.cpp's batched and single-token kernels round differently, and the top "
-            "two logits were close). A mismatch: they agree, so the speculative output holds a token the target "
-            "does not choose, a bug to investigate. Unchecked: no plain output was at hand when the "
-            "configuration ran (a run without --paired whose baseline had not finished, or an older run).", "",
-            table(rows, ["category"] + (["setup"] if setups else []) + [
-                "draft", "gamma", "generations", "exact match", "kernel near-ties", "mismatches", "unchecked"]), ""] + (
-        ["Where several requests decoded together (parallel N), the replay reproduces each step's sequences and "
-         "block sizes but puts the replayed sequence first in the batch, not where its rows sat among the others: "
-         "a mismatch there may still be the kernels' doing (compare its top-2 margin with the near-ties'), and "
-         "no more than that is established.", ""] if e["setup"].str.contains("parallel").any() else [])
 
 
 NOT_MEASURED = "–"
@@ -285,36 +176,6 @@ def per_category(sweep: pl.DataFrame) -> list[str]:
             lines += [table(steps, ["draft", "gamma", "policy", "draft ms/step", "verify ms/call",
                                     "overhead ms/call", "per-position", "rejections", "by target confidence"]), ""]
     return lines
-
-
-def noise(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
-    """Foreign load per configuration and the spread of the plain speeds it was compared with."""
-    nz = data.get("noise")
-    if nz is None or not len(nz) or "foreign_max" not in nz.columns:
-        return []
-    cfg = data["configs"]
-    n = nz.join(cfg.select("config", "draft_label", "gamma_label", "policy"), on="config", how="left")
-    paired = "plain_vs_run" in n.columns
-    rows = [[r["draft_label"], r["gamma_label"], r["policy"], f(r["foreign_mean"], ".1%"), f(r["foreign_max"], ".1%"),
-             f(r["load1"], ".2f")]
-            + ([ci(r["plain_vs_run"], r["plain_vs_run_min"], r["plain_vs_run_max"])] if paired else [])
-            + ["BUSY" if r["busy"] else ""]
-            for r in n.iter_rows(named=True) if r["foreign_max"] is not None]
-    idle = plan.get("idle_check") or {}
-    lines = ["## Machine noise", "",
-             "Other processes' share of all cores while each configuration ran (mean, and the worst 10 seconds), "
-             "sampled every second from the machine's CPU counters less this benchmark's own; the 1-minute load "
-             "average (this run's threads included) at "
-             "its end; in a paired run, how fast its plain twins ran against the same prompts' plain twins over the "
-             "whole run (median ratio [lowest, highest]): below 1, it ran in a slow spell. A "
-             f"configuration is busy when any 10 seconds passed the threshold ({f(idle.get('threshold'), '.0%')} of "
-             "the cores): llama.cpp's spinning threads make even a little sustained foreign load cost a lot, so no "
-             "verdict rests on a busy one."]
-    if idle:
-        lines[-1] += (f" Before the sweep: {f(idle.get('foreign'), '.1%')} of {idle.get('cores')} cores"
-                      + (" (busy; run with --allow-busy)" if idle.get("busy") else "") + ".")
-    return lines + ["", table(rows, ["draft", "gamma", "policy", "foreign load", "worst 10 s", "load avg (all)"]
-                              + (["plain speed vs run"] if paired else []) + ["busy"]), ""]
 
 
 def until_confident(plan: dict, verdicts: pl.DataFrame | None) -> list[str]:
@@ -374,3 +235,54 @@ def budget_line(rec: dict | None, took: dict | None = None) -> str | None:
                      for c, (a, b) in zip(rec["cuts"], said))
     return (f"{head}; cut {cuts}: now about {now:.1f} min" if rec["fits"] else
             f"{head}; cut {cuts}: still about {now:.1f} min, and nothing more can be cut: running anyway") + ran
+
+
+def timed_verdicts(v: pl.DataFrame | None) -> list[str]:
+    """The verdicts of the timed configurations, a row per group: the first screen's table of a run without a
+    replay, and a diagnostic of one with a replay (which it checks)."""
+    if v is None or not len(v):
+        return []
+    vary = [k for k in ("target", "ngl", "threads", "setup") if v[k].n_unique() > 1]
+    rows = []
+    for r in v.iter_rows(named=True):
+        star = "*" if r["adjusted"] else ""
+        speed = ci(r["speedup"], r["lo"], r["hi"], unit="x") + star
+        rows.append([r[k] for k in vary] + [r["category"], r["policy"], f(r["plain_tokens_per_s"], ".1f"),
+                     f"{r['draft_label']} g={r['gamma_label']}" if r["draft"] else "", speed, r["verdict"],
+                     r["prompts"] or "", settle(r), _why(r)])
+    return ["## Verdict per category",
+            table(rows, vary + ["category", "policy", "plain tok/s", "best (draft, gamma)", "speedup [95% CI]",
+                                "verdict", "prompts", "settled by", "why"]), ""]
+
+
+def verdict_rules(plan: dict) -> list[str]:
+    """How a verdict is reached from a group's intervals (the timed table's, and the predicted one's)."""
+    params = plan.get("params", {})
+    gain = f"{params.get('min_gain', verdict.MIN_GAIN):.0%}"
+    sequential = (" Rounds added until confident are judged look by look: each look spends a share of the 5% "
+                  "(the shares add up to 5% whatever the number of looks), and a group keeps the first verdict "
+                  "that settled it.") if params.get("until_confident") else ""
+    return ["Speculate only when accepted progress per millisecond beats plain decoding by a gain worth having "
+            f"({gain}), with 95% confidence: *speculate* when a configuration's interval lies above 1 + {gain} "
+            "(widened, *, for having picked the best of the k configurations tried); *plain decoding* when every "
+            "configuration's interval lies below 1; *no gain worth having* when every configuration's one-sided "
+            f"95% upper bound lies below 1 + {gain}; *inconclusive* otherwise, with the further prompts that would "
+            "settle the likeliest verdict with 80% probability at the measured spread. Configurations measured on "
+            "one prompt take no part. Each row names the best configuration (or the one to use) and its speedup "
+            "against " + ("plain decoding run beside it, prompt by prompt" if params.get("paired")
+                          else "the category's plain baseline")
+            + "; [a, b] is the 95% interval from a bootstrap over the category's prompts and their steps."
+            + sequential, ""]
+
+
+def _why(r: dict) -> str:
+    if r["why"]:
+        return r["why"]
+    if r["adaptive"] and not r["proposed"]:
+        return "adaptive gamma chose plain decoding at every step"
+    if r["verdict"] == verdict.SPECULATE:
+        return f"{r['k']} configurations compared" if r["k"] > 1 else ""
+    why = verdict.where_time_goes(r["draft_ms"] or 0, r["verify_ms"] or 0, r["overhead_ms"] or 0)
+    if r["verify_ms_per_call"] and r["ref_tokens_per_ms"]:
+        why += f"; a verify call costs {r['verify_ms_per_call'] * r['ref_tokens_per_ms']:.1f}x a plain decode"
+    return why
