@@ -63,69 +63,47 @@ def models_info(ref, as_json):
 CACHE_HELP = ", ".join(CACHE_TYPES)
 
 
-def _policy_options(f):
-    for opt in reversed([
-        click.option("--temp", "temperature", type=float, default=0.0, show_default=True, help="0 is greedy."),
-        click.option("--top-k", type=int, default=0, show_default=True, help="0 disables."),
-        click.option("--top-p", type=float, default=1.0, show_default=True),
-        click.option("--min-p", type=float, default=0.0, show_default=True),
-        click.option("--seed", type=int, default=0, show_default=True),
-    ]):
-        f = opt(f)
-    return f
-
-
 @cli.command()
 @click.argument("target")
 @click.option("--draft", help="Draft model name or path, or ngram:N for prompt lookup.")
 @click.option("--prompt", "prompt_text", help="Raw prompt text (the chat template is applied unless --raw).")
 @click.option("--prompt-file", type=click.Path(dir_okay=False), help="A file holding the prompt text.")
 @click.option("--raw", is_flag=True, help="Do not apply the model's chat template.")
-@click.option("--gamma", type=int, default=4, show_default=True, help="Draft length per step.")
-@_policy_options
-@click.option("--max-tokens", type=int, default=128, show_default=True)
-@click.option("--n-ctx", type=int, default=2048, show_default=True)
-@click.option("--ngl", type=int, default=0, show_default=True, help="Target layers offloaded to the GPU.")
-@click.option("--ngl-draft", type=int, default=0, show_default=True, help="Draft layers offloaded to the GPU.")
-@click.option("--threads", type=int, default=0, help="Default: physical cores.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="The prompt's own max tokens.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding and compare.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Append per-step JSONL records here.")
-@click.option("--verify", default="leviathan", show_default=True,
-              help="leviathan (rejection sampling) or exact (llama.cpp's: the draft's top token, kept while the target "
-                   "samples it).")
-@click.option("--draft-p-min", type=float, default=0.0, show_default=True,
-              help="Stop drafting once the draft's top probability falls below this.")
-@click.option("--draft-n-min", type=int, default=0, show_default=True,
-              help="Drop a draft shorter than this (that step decodes plainly).")
-@click.option("--cache-type-k", default="f16", show_default=True, help=f"Target K cache type: {CACHE_HELP}.")
-@click.option("--cache-type-v", default="f16", show_default=True, help="Target V cache type (quantized: needs flash "
-                                                                       "attention).")
-@click.option("--cache-type-k-draft", default="f16", show_default=True, help="Draft K cache type.")
-@click.option("--cache-type-v-draft", default="f16", show_default=True, help="Draft V cache type.")
-@click.option("--flash-attn", default="auto", show_default=True, help="on, off or auto (both models).")
-@click.option("--ubatch", type=int, default=512, show_default=True, help="Physical batch size (both models).")
-def run(target, draft, prompt_text, prompt_file, raw, gamma, temperature, top_k, top_p, min_p, seed,
-        max_tokens, n_ctx, ngl, ngl_draft, threads, baseline, trace_path, verify, draft_p_min, draft_n_min,
-        cache_type_k, cache_type_v, cache_type_k_draft, cache_type_v_draft, flash_attn, ubatch):
-    """One generation with TARGET (and a draft): text with accepted draft tokens marked, then a summary."""
-    from dataclasses import replace
+@click.option("--gamma", type=int, help="Draft length per step (default 4).")
+@click.option("--temp", type=float, help="0 is greedy (the default).")
+@click.option("--top-k", type=int, help="0 (the default) disables.")
+@click.option("--top-p", type=float, help="Default 1.")
+@click.option("--min-p", type=float, help="Default 0.")
+@click.option("--seed", type=int, help="Default 0.")
+@click.option("--n-ctx", type=int, help="Context size (default 2048).")
+@click.option("--ngl", type=int, help="Target layers offloaded to the GPU (default 0).")
+@click.option("--ngl-draft", type=int, help="Draft layers offloaded to the GPU (default 0).")
+@click.option("--threads", type=int, help="Default: physical cores.")
+@click.option("--verify", help="leviathan (rejection sampling; the default) or exact (llama.cpp's: the draft's top "
+                               "token, kept while the target samples it).")
+@click.option("--draft-p-min", type=float, help="Stop drafting once the draft's top probability falls below this "
+                                                "(default 0: never).")
+@click.option("--draft-n-min", type=int, help="Drop a draft shorter than this (that step decodes plainly).")
+@click.option("--cache-type-k", help=f"Target K cache type: {CACHE_HELP} (default f16).")
+@click.option("--cache-type-v", help="Target V cache type (quantized: needs flash attention).")
+@click.option("--cache-type-k-draft", help="Draft K cache type.")
+@click.option("--cache-type-v-draft", help="Draft V cache type.")
+@click.option("--flash-attn", help="on, off or auto (both models; the default).")
+@click.option("--ubatch", type=int, help="Physical batch size (both models; default 512).")
+def run(target, prompt_text, prompt_file, raw, max_tokens, baseline, trace_path, **opts):
+    """One generation with TARGET (and a draft): text with accepted draft tokens marked, then a summary.
+    Its options are bench's, checked by bench's code, with bench's defaults; each takes one value."""
     from pathlib import Path
 
-    from harness.engine import EngineConfig
-    from harness.drafting import Drafting
-    from harness.runner import check_options, given_prompt, run_one
-    from harness.sampling import Policy
-    policy = Policy(temperature, top_k, top_p, min_p, seed)
-    drafting = Drafting(verify, draft_p_min, draft_n_min)
+    from harness.runner import given_prompt, plan_one, run_one
+    inst, params = plan_one(target=target, max_tokens=max_tokens, **opts)
     prompt = given_prompt(prompt_text, prompt_file, raw, max_tokens)
-    cfg = EngineConfig(n_ctx=n_ctx, n_gpu_layers=ngl, threads=threads, cache_k=cache_type_k, cache_v=cache_type_v,
-                       flash_attn=flash_attn, n_ubatch=ubatch)
-    draft_cfg = replace(cfg, n_gpu_layers=ngl_draft, cache_k=cache_type_k_draft, cache_v=cache_type_v_draft)
-    check_options(target, draft, gamma, policy, drafting, max_tokens, cfg, draft_cfg)
     from harness.errors import naming
     with naming(trace_path, "--trace"):  # the only file `run` writes: a full disk names it and the option
-        run_one(target, draft, prompt, policy, gamma, max_tokens, cfg, draft_cfg, baseline,
-                Path(trace_path) if trace_path else None, drafting)
+        run_one(inst, params.n_ctx, prompt, max_tokens, baseline, Path(trace_path) if trace_path else None)
 
 
 @cli.command()

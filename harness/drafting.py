@@ -1,5 +1,5 @@
-"""Drafts as values, with no model: how they are made and checked (Drafting), a draft (Proposal), an n-gram lookup's
-spec (parse_ngram) and its search (ngram_lookup). The plan, the pure analysis and the proposers share them."""
+"""Drafts as values, with no model: how they are made and checked (Drafting), a draft (Proposal) and an n-gram lookup's
+search (ngram_lookup). The plan, the pure analysis and the proposers share them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -47,17 +47,6 @@ class Drafting:
 class Proposal:
     tokens: list[int] = field(default_factory=list)
     q: list[Dist] = field(default_factory=list)  # the distribution each token was drawn from
-
-
-def parse_ngram(spec: str) -> int | None:
-    """'ngram:N' -> N; None for anything else (a model name or path)."""
-    if not spec.startswith("ngram"):
-        return None
-    _, _, n = spec.partition(":")
-    try:
-        return int(n or 3)
-    except ValueError:
-        raise HarnessError(f"bad n-gram proposer '{spec}': use ngram:N with N >= 1") from None
 
 
 def ngram_lookup(context: list[int], size: int, n: int) -> list[int]:

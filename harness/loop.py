@@ -4,7 +4,8 @@ path with gamma = 0. Each step becomes one trace record; each generation one mor
 A sequence's step after the target's decode (`advance`) is shared with the slots loop (concurrency/loop.py).
 Not one slot of it: this one takes any Proposer, the adaptive controller, the prompt cache and the single-sequence
 decode that runs at llama-bench's speed; that one needs sequence ids and its own batched draft. With one slot it
-speculates 5% slower (benchmarks/bench_loops.py, docs/findings/concurrency.md), so the two stay apart."""
+speculates 5% slower (benchmarks/experiments/bench_loops.py, docs/findings/harness-self-prediction.md), so the two
+stay apart."""
 from __future__ import annotations
 
 import time

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.drafting import Drafting, parse_ngram
+from harness.drafting import Drafting
 from harness.engine import Engine, EngineConfig
 from harness.llamacpp import require_offload
 from harness.models.catalog import Model, require_present, resolve
 from harness.promptcache import PromptCache
 from harness.proposers import DraftModelProposer, NgramProposer
+from harness.specs import DraftSpec
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Pair:
         self.target.close()
 
 
-def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_cfg: EngineConfig | None = None,
+def open_pair(target_ref: str, draft: DraftSpec, cfg: EngineConfig, draft_cfg: EngineConfig | None = None,
               check_texts: list | None = None, check_alignment: bool = True, drafting: Drafting = Drafting(),
               prompt_cache: PromptCache | None = None) -> Pair:
     """Everything that can be refused is refused before any weights are loaded. draft_cfg: the draft's
@@ -36,18 +37,14 @@ def open_pair(target_ref: str, draft_ref: str | None, cfg: EngineConfig, draft_c
     tm = resolve(target_ref)
     require_present(tm)
     require_offload(cfg.n_gpu_layers, "--ngl")
-    dm, alignment, ngram = None, None, None
-    if draft_ref and draft_ref != "none":
-        ngram = parse_ngram(draft_ref)
-        if ngram is None:
-            from harness.align import require_aligned
-            dm = resolve(draft_ref)
-            require_present(dm)
-            require_offload(draft_cfg.n_gpu_layers, "--ngl-draft")
-            if check_alignment:
-                alignment = require_aligned(tm.path, dm.path, check_texts)
-        else:
-            NgramProposer(ngram)  # validates n before loading anything
+    dm, alignment, ngram = None, None, draft.ngram
+    if draft.model:
+        from harness.align import require_aligned
+        dm = resolve(draft.model)
+        require_present(dm)
+        require_offload(draft_cfg.n_gpu_layers, "--ngl-draft")
+        if check_alignment:
+            alignment = require_aligned(tm.path, dm.path, check_texts)
     target = Engine(tm.path, cfg)
     pair = Pair(tm, target, draft_model=dm, alignment=alignment, prompt_cache=prompt_cache)
     if ngram is not None:

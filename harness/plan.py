@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from harness.analysis.verdict import MIN_GAIN
-from harness.drafting import Drafting, parse_ngram
+from harness.drafting import Drafting
 from harness.engine import MIN_CTX, EngineConfig
 from harness.errors import HarnessError
 from harness.gamma import N_BATCH, require_fits_batch
 from harness.prompts import load, read_text
 from harness.sampling import Policy
+from harness.specs import DraftSpec, Gamma, NoDraft, parse_draft, parse_gamma
 
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads", "verify",
              "draft_p_min", "draft_n_min", "cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft",
@@ -34,8 +35,8 @@ def profiles_file() -> Path:
 @dataclass
 class Params:
     target: list[str] = field(default_factory=list)
-    draft: list[str] = field(default_factory=lambda: ["none"])
-    gamma: list = field(default_factory=lambda: [4])  # ints, or "auto" / "auto:N"
+    draft: list[DraftSpec] = field(default_factory=lambda: [NoDraft()])
+    gamma: list[Gamma] = field(default_factory=lambda: [Gamma(4)])
     temp: list[float] = field(default_factory=lambda: [0.0])
     top_p: list[float] = field(default_factory=lambda: [1.0])
     top_k: list[int] = field(default_factory=lambda: [0])
@@ -73,6 +74,19 @@ class Params:
     min_gain: float = MIN_GAIN  # the least gain worth having over plain decoding
     prompt_cache: bool = False  # each model evaluates each prompt once a run; later uses restore its KV state
     also: list = field(default_factory=list)  # further sweeps: dicts of list keys replacing this one's
+
+    def __post_init__(self):
+        # the one place drafts and gammas are read: every Params holds them typed
+        self.draft = [parse_draft(x) for x in self.draft]
+        self.gamma = [parse_gamma(x) for x in self.gamma]
+
+    def to_dict(self) -> dict:
+        """As plan.json holds it: drafts and gammas as the strings (and ints) they are given as."""
+        return asdict(self) | {"draft": [str(d) for d in self.draft], "gamma": [g.json() for g in self.gamma]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Params":
+        return cls(**d)
 
 
 def load_profile(name: str, path: Path | None = None) -> dict:
@@ -136,6 +150,8 @@ def make_params(profile: dict, overrides: dict) -> Params:
 def check(p: Params) -> None:
     """Values that cannot run, refused in one line before anything starts."""
     _check_finite(p)
+    if p.n_ctx < MIN_CTX:
+        raise HarnessError(f"--n-ctx must be at least {MIN_CTX}, got {p.n_ctx}")
     for what, ok in (("--repeat must be >= 1", p.repeat >= 1), ("--max-tokens must be >= 0 (0 = each prompt's own)",
                      p.max_tokens >= 0), ("--per-category must be >= 0 (0 = every prompt)", p.per_category >= 0),
                      (f"--kv-unified takes on, off or both, got {p.kv_unified}", set(p.kv_unified) <= {"on", "off"}),
@@ -153,8 +169,6 @@ def check(p: Params) -> None:
         raise HarnessError(f"--threads {max(p.threads)} exceeds this machine's {cores} logical cores: give at most "
                            f"{cores} (0 = its physical cores)")
     _check_n_min(p)
-    if p.n_ctx < MIN_CTX:
-        raise HarnessError(f"--n-ctx must be at least {MIN_CTX}, got {p.n_ctx}")
     if p.budget_min is not None and p.budget_min <= 0:
         raise HarnessError(f"--budget-min must be above 0 (minutes), got {p.budget_min:g}")
     if not 0 <= p.min_gain < 1:
@@ -173,7 +187,7 @@ def check(p: Params) -> None:
         raise HarnessError("--draft-p-min/--draft-n-min are not replayed, so --timed-subset would never time them: "
                            "sweep them without --timed-subset")
     engine_knobs = any(getattr(p, k) != getattr(Params(), k) for k in ENGINE_KEYS)
-    if engine_knobs and (p.calibrate or any(isinstance(g, str) for g in p.gamma)):
+    if engine_knobs and (p.calibrate or any(g.adaptive for g in p.gamma)):
         raise HarnessError("calibrations (--calibrate, and auto gamma's controller) are taken at f16 KV caches, flash "
                            "attention auto and ubatch 512: sweep --cache-type-*, --flash-attn and --ubatch with "
                            "fixed gammas and without --calibrate")
@@ -199,11 +213,10 @@ def _check_finite(p: Params) -> None:
 def _check_n_min(p: Params) -> None:
     """A model draft shorter than --draft-n-min is dropped, and no draft is longer than gamma: n-min above a
     gamma the sweep pairs it with would never speculate."""
-    if not any(d != "none" and parse_ngram(d) is None for d in p.draft):
+    if not any(d.model for d in p.draft):
         return  # an n-gram lookup has no n-min
-    gammas = [g if isinstance(g, int) else int(str(g).partition(":")[2] or 0) for g in p.gamma]
     for nm in p.draft_n_min:
-        low = [g for g in gammas if g and nm > g]
+        low = [g.n for g in p.gamma if g.n and nm > g.n]
         if low:
             raise HarnessError(f"--draft-n-min {nm} exceeds --gamma {min(low)}: a draft is at most gamma tokens and "
                                "one shorter than n-min is dropped, so it would never speculate; give n-min <= gamma")
@@ -214,12 +227,12 @@ def check_parallel(p: Params) -> None:
         raise HarnessError(f"--parallel values must be >= 1 (requests decoded together), got {min(p.parallel)}")
     if max(p.parallel) == 1:
         return
-    for what, bad in (("adaptive gamma (auto)", any(isinstance(g, str) for g in p.gamma)), ("--replay", p.replay),
+    for what, bad in (("adaptive gamma (auto)", any(g.adaptive for g in p.gamma)), ("--replay", p.replay),
                       ("--until-confident", p.until_confident)):
         if bad:
             raise HarnessError(f"--parallel above 1 does not combine with {what}, which decodes one sequence at a "
                                "time: sweep --parallel with fixed gammas, timed")
-    widest = max(p.parallel) * (max((g for g in p.gamma if isinstance(g, int)), default=0) + 1)
+    widest = max(p.parallel) * (max((g.n for g in p.gamma if not g.adaptive), default=0) + 1)
     if widest > N_BATCH:
         raise HarnessError(f"--parallel {max(p.parallel)} x (gamma + 1) = {widest} tokens per step exceed the batch "
                            f"size {N_BATCH}: lower --parallel or --gamma")
@@ -230,8 +243,8 @@ ENGINE_KEYS = ("cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type
 
 def _as_list(key: str, v) -> list:
     items = v if isinstance(v, list) else [x.strip() for x in str(v).split(",") if x.strip()]
-    if key == "gamma":
-        return [_gamma(x) for x in items]
+    if key in ("gamma", "draft"):
+        return [(parse_gamma if key == "gamma" else parse_draft)(x) for x in items]
     default = getattr(Params(), key)
     conv = type(default[0]) if default else str  # each list's values are of its default's type
     try:
@@ -242,25 +255,12 @@ def _as_list(key: str, v) -> list:
         raise HarnessError(f"--{key.replace('_', '-')}: cannot read {v!r} as a list of {conv.__name__}") from None
 
 
-def _gamma(x) -> int | str:
-    """An int, or 'auto' / 'auto:N' (adaptive gamma up to N)."""
-    if isinstance(x, str) and x.startswith("auto"):
-        _, _, n = x.partition(":")
-        if n and (not n.isdigit() or int(n) < 1):
-            raise HarnessError(f"--gamma {x}: use auto or auto:N with N >= 1 (the longest draft)")
-        return x
-    try:
-        return int(x)
-    except (TypeError, ValueError):
-        raise HarnessError(f"--gamma: cannot read {x!r} (an integer >= 1, auto or auto:N)") from None
-
-
 @dataclass(frozen=True, eq=False)
 class Instance:
     target: str
-    draft: str          # "none" for the plain baseline
+    draft: DraftSpec    # NoDraft() for the plain baseline
     gamma: int          # 0 for the baseline
-    policy: dict
+    policy: Policy
     ngl: int
     ngl_draft: int
     threads: int
@@ -288,11 +288,11 @@ class Instance:
     @property
     def draft_label(self) -> str:
         kv = (self.cache_k_draft, self.cache_v_draft)
-        return self.drafting.label(self.draft, f"KV {kv[0]}/{kv[1]}" if kv != ("f16", "f16") else "")
+        return self.drafting.label(str(self.draft), f"KV {kv[0]}/{kv[1]}" if kv != ("f16", "f16") else "")
 
     @property
     def baseline(self) -> bool:
-        return self.draft == "none"
+        return self.draft.plain
 
     @property
     def setup(self) -> str:
@@ -315,14 +315,23 @@ class Instance:
 
     def plain(self) -> "Instance":
         """The plain baseline of this configuration's target, policy, offload, threads and context settings."""
-        return Instance(self.target, "none", 0, self.policy, self.ngl, 0, self.threads, cache_k=self.cache_k,
+        return Instance(self.target, NoDraft(), 0, self.policy, self.ngl, 0, self.threads, cache_k=self.cache_k,
                         cache_v=self.cache_v, flash_attn=self.flash_attn, ubatch=self.ubatch, parallel=self.parallel,
                         kv_unified=self.kv_unified)
+
+    def to_dict(self) -> dict:
+        """As plan.json, results.jsonl and a worker's arguments hold it: the draft a string, the policy a dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"draft": str(self.draft),
+                                                                       "policy": self.policy.as_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Instance":
+        return cls(**(d | {"draft": parse_draft(d["draft"]), "policy": Policy(**d["policy"])}))
 
     @property
     def id(self) -> str:
         # fields at their defaults stay out of the hash: a run from before a field existed keeps its ids
-        d = {k: v for k, v in asdict(self).items() if k not in LATER_DEFAULTS or v != LATER_DEFAULTS[k]}
+        d = {k: v for k, v in self.to_dict().items() if k not in LATER_DEFAULTS or v != LATER_DEFAULTS[k]}
         blob = json.dumps(d, sort_keys=True)
         tag = "base" if self.baseline else ("auto" if self.adaptive else f"g{self.gamma}")
         return f"{tag}-{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
@@ -334,7 +343,7 @@ LATER_DEFAULTS = {f.name: f.default for f in fields(Instance) if f.name in (
     "parallel", "kv_unified")}
 
 
-def _draftings(p: Params, draft: str, greedy: bool) -> list[tuple[str, float, int]]:
+def _draftings(p: Params, draft: DraftSpec, greedy: bool) -> list[tuple[str, float, int]]:
     """(verify, p_min, n_min) for a draft: under greedy decoding both rules are one; a lookup has no
     probabilities to test against p-min and drops no short drafts."""
     out = []
@@ -342,7 +351,7 @@ def _draftings(p: Params, draft: str, greedy: bool) -> list[tuple[str, float, in
         Drafting(v, pm, nm)  # refuses an unknown rule or a value out of range, in one line
         if greedy:
             v = "leviathan"
-        if parse_ngram(draft) is not None:
+        if draft.ngram:
             pm, nm = 0.0, 0
         out.append((v, pm, nm))
     return list(dict.fromkeys(out))
@@ -363,13 +372,8 @@ def _also(p: Params, extra: dict) -> Params:
 
 
 def _expand(p: Params) -> list[Instance]:
-    fixed = [g for g in p.gamma if isinstance(g, int)]
-    for g in fixed:
-        if g < 1:
-            raise HarnessError(f"--gamma values must be >= 1, got {g}")
-    gammas = [(g, False) if isinstance(g, int) else (int(g.partition(":")[2] or max(fixed, default=8)), True)
-              for g in p.gamma]
-    require_fits_batch(max((g for g, _ in gammas), default=0))
+    gammas = [g.resolved([f.n for f in p.gamma if not f.adaptive]) for g in p.gamma]
+    require_fits_batch(max((g.n for g in gammas), default=0))
     policies = [Policy(t, k, tp, mp, p.seed) for t, k, tp, mp in itertools.product(p.temp, p.top_k, p.top_p, p.min_p)]
     policies = list(dict.fromkeys(Policy(0.0, 0, 1.0, 0.0, p.seed) if x.greedy else x for x in policies))
     out: list[Instance] = []
@@ -377,17 +381,17 @@ def _expand(p: Params) -> list[Instance]:
             p.cache_type_v, p.flash_attn, p.ubatch, p.parallel, p.kv_unified):
         ctx = dict(zip(("cache_k", "cache_v", "flash_attn", "ubatch", "parallel", "kv_unified"), knobs))
         ctx["kv_unified"] = ctx["kv_unified"] == "on" and ctx["parallel"] > 1  # one sequence: one buffer either way
-        base = Instance(target, "none", 0, pol.as_dict(), ngl, 0, threads, **ctx)
+        base = Instance(target, NoDraft(), 0, pol, ngl, 0, threads, **ctx)
         base.engine_config(p.n_ctx)  # refuses an unknown type or a quantized V cache without flash attention
         out.append(base)
-        for draft, (g, auto), ngl_d, ckd, cvd in itertools.product(p.draft, gammas, p.ngl_draft, p.cache_type_k_draft,
+        for draft, g, ngl_d, ckd, cvd in itertools.product(p.draft, gammas, p.ngl_draft, p.cache_type_k_draft,
                                                                      p.cache_type_v_draft):
-            if draft == "none":
+            if draft.plain:
                 continue
-            if parse_ngram(draft) is not None:  # a lookup has no KV cache of its own
+            if draft.ngram:  # a lookup has no KV cache of its own
                 ckd, cvd = "f16", "f16"
             for v, pm, nm in _draftings(p, draft, pol.greedy):
-                out.append(i := Instance(target, draft, g, pol.as_dict(), ngl, ngl_d, threads, auto, v, pm, nm,
+                out.append(i := Instance(target, draft, g.n, pol, ngl, ngl_d, threads, g.adaptive, v, pm, nm,
                                          cache_k_draft=ckd, cache_v_draft=cvd, **ctx))
                 i.draft_engine_config(p.n_ctx)
     out = list({i.id: i for i in out}.values())

@@ -118,7 +118,7 @@ def read_plan(run_dir: Path) -> dict:
 
 
 def _known_keys(f: Path, plan: dict) -> None:
-    """Params(**...) and Instance(**...) of a plan would fail on a key they do not know or a field missing."""
+    """Params.from_dict and Instance.from_dict of a plan would fail on a key they do not know or a field missing."""
     from dataclasses import MISSING, fields
     for what, rows, cls in (("params", [plan["params"]], Params), ("instances", plan["instances"], Instance)):
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
@@ -216,7 +216,7 @@ def unfinished(run_dir: Path, plan: dict) -> list[str]:
     subset = plan.get("params", {}).get("timed_subset")
     out = [] if not subset or timed is not None else ["the timed subset"]
     for r, _ in enumerate(plan_rounds(plan)):
-        for inst in (Instance(**d) for d in plan["instances"]):
+        for inst in (Instance.from_dict(d) for d in plan["instances"]):
             if subset and not inst.baseline and inst.id not in (timed or {}):
                 continue  # timed only if the replay chose it
             if unit_id(inst.id, r) not in done:

@@ -9,8 +9,6 @@ import click
 
 from harness.analysis import metrics
 from harness.divergence import blocks, kernel_check
-from harness.drafting import Drafting
-from harness.engine import EngineConfig
 from harness.errors import HarnessError
 from harness.loop import Request, check_fits, generate
 from harness.pair import open_pair
@@ -41,17 +39,22 @@ def render_marked(vocab, tokens: list[int], from_draft: str, color: bool) -> str
     return "".join(out)
 
 
-def check_options(target: str, draft: str | None, gamma: int, policy: Policy, drafting: Drafting, max_tokens: int,
-                  cfg: EngineConfig, draft_cfg: EngineConfig) -> None:
-    """What bench would refuse of these values, refused by its own checks (plan.check) before any model loads."""
-    from harness.plan import Params, check
-    check(Params(target=[target], draft=[draft or "none"], gamma=[gamma], temp=[policy.temperature],
-                 top_p=[policy.top_p], top_k=[policy.top_k], min_p=[policy.min_p], seed=policy.seed,
-                 ngl=[cfg.n_gpu_layers], ngl_draft=[draft_cfg.n_gpu_layers], threads=[cfg.threads],
-                 verify=[drafting.verify], draft_p_min=[drafting.p_min], draft_n_min=[drafting.n_min],
-                 cache_type_k=[cfg.cache_k], cache_type_v=[cfg.cache_v], cache_type_k_draft=[draft_cfg.cache_k],
-                 cache_type_v_draft=[draft_cfg.cache_v], flash_attn=[cfg.flash_attn], ubatch=[cfg.n_ubatch],
-                 max_tokens=max_tokens, n_ctx=cfg.n_ctx))
+def plan_one(**opts) -> tuple:
+    """`harness run`'s options as bench's: a one-instance plan, through bench's own parameter path (plan.make_params
+    checks every value, plan.expand builds the instance), bench's defaults where an option is not given. Returns
+    (instance, params); the instance is the speculative one, or the plain baseline without a draft."""
+    from harness.plan import LIST_KEYS, expand, make_params
+    given = {k: v for k, v in opts.items() if v is not None}
+    for k, v in given.items():
+        if k in LIST_KEYS and "," in str(v):
+            raise HarnessError(f"--{k.replace('_', '-')} {v}: harness run takes one value (harness bench sweeps "
+                               "lists)")
+    params = make_params({}, given)
+    if params.gamma[0].adaptive:
+        raise HarnessError("harness run takes a fixed --gamma (auto needs bench's calibration: harness bench "
+                           "--gamma auto)")
+    found = expand(params)
+    return next((i for i in found if not i.baseline), found[0]), params
 
 
 def use_color(stream) -> bool:
@@ -73,30 +76,29 @@ def given_prompt(text: str | None, file: str | None, raw: bool, max_tokens: int)
     return Prompt("cli", "cli", (("user", text),), text, max_tokens, chat=not raw)
 
 
-def run_one(target: str, draft: str | None, prompt: Prompt, policy: Policy, gamma: int, max_tokens: int,
-            cfg: EngineConfig, draft_cfg: EngineConfig, baseline: bool, trace_path: Path | None,
-            drafting: Drafting = Drafting()) -> None:
-    if draft and gamma < 1:
-        raise HarnessError(f"--gamma must be >= 1, got {gamma}")
+def run_one(inst, n_ctx: int, prompt: Prompt, max_tokens: int, baseline: bool, trace_path: Path | None) -> None:
+    """The instance (plan_one's) on one prompt; with baseline, plain decoding after it, compared."""
     if max_tokens < 1:
         raise HarnessError(f"--max-tokens must be >= 1, got {max_tokens}")
+    policy, gamma, draft = inst.policy, inst.gamma, not inst.baseline
     trace = TraceWriter(trace_path, keep=True)  # an unwritable trace path is refused before any weights load
-    pair = open_pair(target, draft, cfg, draft_cfg, check_texts=[prompt], drafting=drafting)
+    pair = open_pair(inst.target, inst.draft, inst.engine_config(n_ctx), inst.draft_engine_config(n_ctx),
+                     check_texts=[prompt], drafting=inst.drafting)
     try:
         text = prompt.render(pair.target.vocab)
         tokens = pair.target.vocab.tokenize(text)
-        check_fits(len(tokens), max_tokens, gamma if draft else 0, pair.target.n_ctx)
+        check_fits(len(tokens), max_tokens, gamma, pair.target.n_ctx)
         req = Request(prompt.id, tokens, max_tokens, prompt.category)
-        trace.common = {"target": pair.target_model.name, "draft": draft or "none", "policy": policy.label,
+        trace.common = {"target": pair.target_model.name, "draft": str(inst.draft), "policy": policy.label,
                         "mode": "speculative" if draft else "baseline"}
-        gen = generate(pair.target, req, policy, pair.proposer, gamma if draft else 0, trace, rule=drafting.verify)
+        gen = generate(pair.target, req, policy, pair.proposer, gamma, trace, rule=inst.verify)
         spec_records = list(trace.records)
         color = use_color(sys.stdout)
         click.echo(render_marked(pair.target.vocab, gen["tokens"], gen["from_draft"], color))
         s = metrics.summary(spec_records)
         parts = []
         if draft:
-            parts += [f"draft {draft} gamma {gamma}", f"proposed {s['proposed']}", f"accepted {s['accepted']}"]
+            parts += [f"draft {inst.draft} gamma {gamma}", f"proposed {s['proposed']}", f"accepted {s['accepted']}"]
             if s["acceptance_rate"] is not None:
                 parts += [f"acceptance {s['acceptance_rate']:.1%}", f"mean accepted/step {s['mean_accepted_len']:.2f}",
                           f"alpha {s['alpha']:.3f}"]

@@ -19,7 +19,7 @@ VERIFY = [T1, 19.0, 24.0, 29.0, 34.0]  # a block of k rows: 2 rows at 1.90x one 
 CATS = ("code", "creative")
 INSTANCE = {"target": "t", "draft": "none", "gamma": 0, "policy": {"temperature": 0.0}, "ngl": 0, "ngl_draft": 0,
             "threads": 2}
-B = Instance(**INSTANCE).id  # the plain baseline
+B = Instance.from_dict(INSTANCE).id  # the plain baseline
 
 
 def _records(prompts: int = 6, n: int = 24) -> list[dict]:

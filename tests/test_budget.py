@@ -11,6 +11,7 @@ import pytest
 from harness.bench.budget import MIN_PROMPTS, fit
 from harness.bench.progress import GENERATION, Progress, clock, count, line, replay_watch, timed_watch
 from harness.plan import Params
+from harness.specs import Gamma
 from harness.report.sections import budget_line
 from tests.conftest import PROMPT_FILE, D, T
 from tests.helpers import harness, one_line_error
@@ -51,7 +52,7 @@ def test_then_the_gammas_then_the_timed_subset_then_the_prompts_each_to_its_floo
     assert [(c.param, c.before, c.after) for c in f.cuts] == [
         ("max_tokens", 64, 16), ("replay_gamma", 8, 4), ("timed_subset", 4, 1), ("per_category", 40, MIN_PROMPTS)]
     # a replay predicts gammas up to replay_gamma, and only those are ever timed: the sweep follows
-    assert f.params.gamma == [1, 2, 3, 4] and not f.record()["fits"]
+    assert f.params.gamma == [Gamma(n) for n in (1, 2, 3, 4)] and not f.record()["fits"]
     assert budget_line(f.record()) == (
         "budget 1 min (fitted to 85% of it): estimated 576.0 min as asked; cut max tokens 64 -> 16, replay gamma "
         "8 -> 4, timed subset 4 -> 1, prompts per category 40 -> 10: still about 37.0 min, and nothing more can be "
@@ -86,7 +87,7 @@ def test_a_category_of_ten_prompts_or_fewer_keeps_all_and_a_short_run_is_not_cut
 def test_a_timed_sweep_loses_its_largest_gammas_and_keeps_auto():
     p = replace(DEFAULT, replay=False, timed_subset=0, gamma=["auto:8", 1, 2, 4, 6, 8], budget_min=1)
     f = fit(p, lambda q: 60 * len(q.gamma), 10, 32)
-    assert f.params.gamma == ["auto:8", 1, 2, 4] and f.params.replay_gamma == 8
+    assert f.params.to_dict()["gamma"] == ["auto:8", 1, 2, 4] and f.params.replay_gamma == 8
     assert [(c.param, c.before, c.after) for c in f.cuts if c.param == "gamma"] == [
         ("gamma", ["auto:8", 1, 2, 4, 6, 8], ["auto:8", 1, 2, 4])]
     assert "gammas auto:8,1,2,4,6,8 -> auto:8,1,2,4" in budget_line(f.record())

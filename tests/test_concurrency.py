@@ -2,12 +2,15 @@
 on SmolLM2 against one-at-a-time decoding, the plan's refusals, and a bench run end to end."""
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
 from harness.concurrency.costs import BatchCosts, from_record, predicted_speedup, step_ms
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, check, expand
+from harness.sampling import Policy
+from harness.specs import DraftModel
 from tests.conftest import PROMPT_FILE
 from tests.helpers import diagnostics_md, harness, md_table, one_line_error
 
@@ -81,8 +84,8 @@ def test_parallel_is_swept_labelled_and_keeps_single_sequence_ids():
     check(p)
     insts = expand(p)
     assert sorted({(i.parallel, i.setup) for i in insts}) == [(1, ""), (4, "parallel 4")]
-    one = Instance(T, D, 2, GREEDY, 0, 0, 0)
-    assert one.id == Instance(T, D, 2, GREEDY, 0, 0, 0, parallel=1).id  # runs from before --parallel keep theirs
+    one = Instance(T, DraftModel(D), 2, Policy(**GREEDY), 0, 0, 0)
+    assert one.id == replace(one, parallel=1).id  # runs from before --parallel keep theirs
     four = next(i for i in insts if i.parallel == 4 and not i.baseline)
     assert four.plain().parallel == 4
     assert four.engine_config(4096).n_seq == 4 and four.draft_engine_config(4096).n_seq == 4

@@ -1,19 +1,23 @@
 """Uneven batches: how llama.cpp cuts a batch of several sequences into ubatches (llama_batch_allocr::split_equal
 with a KV buffer per sequence, split_simple with one unified buffer), their prices, a batched run's prediction
 replayed from its step records (all pure), and --kv-unified swept as a plan setting."""
+from dataclasses import replace
+
 import pytest
 
 from harness.concurrency.costs import BatchCosts, batch_ms, shaped_step_ms, split
 from harness.concurrency.figures import _batched, _per_sequence, agreement, gap, shaped_prices
 from harness.errors import HarnessError
 from harness.plan import Instance, Params, expand, make_params
-from harness.report.howto import howto_for_instance
-from harness.report.concurrency import _agreement
+from harness.sampling import Policy
+from harness.specs import DraftModel
+from harness.report.howto import howto
+from harness.report.concurrency import agreement_line
 from tests.conftest import PROMPT_FILE
 from tests.helpers import harness, one_line_error
 
 T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
-GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
+GREEDY = Policy()
 # run 20261201-224743-vm's batched costs (code, greedy): 1, 2, 4 and 8 sequences, blocks of 4
 C = BatchCosts((1, 2, 4, 8), (38.9, 64.2, 108.6, 182.8), (105.2, 188.5, 242.3, 406.0), (26.8, 59.0, 71.6, 101.6),
                block=4)
@@ -107,13 +111,12 @@ def test_kv_unified_is_swept_labelled_and_reaches_both_engines():
         (1, False, ""), (4, False, "parallel 4"), (4, True, "parallel 4, unified KV")]  # one sequence: one buffer
     four = next(i for i in insts if i.kv_unified and not i.baseline)
     assert four.plain().kv_unified and four.engine_config(4096).kv_unified
-    assert four.draft_engine_config(4096).kv_unified and not Instance(T, D, 2, GREEDY, 0, 0, 0).engine_config(
-        4096).kv_unified
+    one = Instance(T, DraftModel(D), 2, GREEDY, 0, 0, 0)
+    assert four.draft_engine_config(4096).kv_unified and not one.engine_config(4096).kv_unified
     # off is the default, and stays out of the id: runs from before keep theirs
-    assert Instance(T, D, 2, GREEDY, 0, 0, 0, parallel=4).id == Instance(T, D, 2, GREEDY, 0, 0, 0, parallel=4,
-                                                                          kv_unified=False).id
+    assert replace(one, parallel=4).id == replace(one, parallel=4, kv_unified=False).id
     assert Params().kv_unified == ["off"]
-    assert " -np 4 -kvu " in howto_for_instance(four, 4096, catalog={}).server  # llama-server's flag
+    assert " -np 4 -kvu " in howto(four, 4096, catalog={}).server  # llama-server's flag
     with pytest.raises(HarnessError) as e:
         make_params({}, {"target": T, "kv_unified": "maybe"})
     assert "--kv-unified takes on, off" in str(e.value)
@@ -137,7 +140,7 @@ def test_the_prediction_is_counted_beside_the_same_plain_work_timed_twice():
                                "twice_max": pytest.approx(0.25)}
     assert agreement([])["twice_max"] is None
     # the report's line: the floor beside the prediction, and what narrows it only where the floor moved
-    line = _agreement(rows)[0]
+    line = agreement_line(rows)
     assert "in 1 of 2 row(s)" in line and "agrees within 10% in 1 of 2 (the largest gap 25%)" in line
     assert "a larger `--max-tokens` or `--repeat`" in line
-    assert "--max-tokens" not in _agreement(rows[1:])[0]
+    assert "--max-tokens" not in agreement_line(rows[1:])

@@ -7,23 +7,26 @@ import pytest
 from harness.rundir import trace_files
 from harness.trace import read_records
 from harness.plan import Instance, Params, expand
+from harness.sampling import Policy
+from harness.specs import DraftModel
 from harness.drafting import Drafting
 from tests.conftest import PROMPT_FILE
 from tests.helpers import ROOT, diagnostics_md, harness, md_table, one_line_error, report_md
 
 T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
-SAMPLED = {"temperature": 0.8, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "seed": 0}
+SAMPLED = Policy(0.8, 0, 0.9, 0.0, 0)
 
 
 def test_rules_are_swept_only_where_they_differ_and_old_ids_stay():
     p = Params(target=[T], draft=[D, "ngram:2"], gamma=[2], temp=[0.0, 0.8], verify=["leviathan", "exact"],
                draft_p_min=[0.0, 0.5])
-    got = {(i.policy["temperature"], i.draft, i.verify, i.p_min) for i in expand(p) if not i.baseline}
+    got = {(i.policy.temperature, str(i.draft), i.verify, i.p_min) for i in expand(p) if not i.baseline}
     # greedy: one rule; a lookup has no probabilities for p-min
     assert got == {(0.0, D, "leviathan", 0.0), (0.0, D, "leviathan", 0.5), (0.0, "ngram:2", "leviathan", 0.0),
                    (0.8, D, "leviathan", 0.0), (0.8, D, "leviathan", 0.5), (0.8, D, "exact", 0.0),
                    (0.8, D, "exact", 0.5), (0.8, "ngram:2", "leviathan", 0.0), (0.8, "ngram:2", "exact", 0.0)}
-    assert Instance(T, D, 2, SAMPLED, 0, 0, 2, verify="exact").id != Instance(T, D, 2, SAMPLED, 0, 0, 2).id
+    assert Instance(T, DraftModel(D), 2, SAMPLED, 0, 0, 2, verify="exact").id != \
+        Instance(T, DraftModel(D), 2, SAMPLED, 0, 0, 2).id
     assert Drafting("exact", 0.75, 2).label(D) == f"{D} (exact, p-min 0.75, n-min 2)"
 
 
@@ -34,7 +37,7 @@ def test_ids_are_those_committed_runs_recorded(run):
     d = ROOT / "reports" / "runs" / run
     plan = json.loads((d / "plan.json").read_text())
     recorded = {json.loads(x)["config"] for x in (d / "results.jsonl").read_text().splitlines()}
-    ids = {Instance(**i).id for i in plan["instances"]}
+    ids = {Instance.from_dict(i).id for i in plan["instances"]}
     assert recorded <= ids and set(plan.get("timed") or ids) <= recorded  # a timed subset ran only its choice
 
 
@@ -56,7 +59,7 @@ def test_exact_rule_and_p_min_in_the_sweep_and_report(rules_run):
     res = {json.loads(x)["config"]: json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()}
     assert all(r["status"] == "ok" for r in res.values())
     plan = json.loads((run / "plan.json").read_text())
-    insts = [Instance(**d) for d in plan["instances"] if d["draft"] != "none"]
+    insts = [Instance.from_dict(d) for d in plan["instances"] if d["draft"] != "none"]
     assert len(insts) == 8
     steps = {}
     for i in insts:

@@ -8,17 +8,19 @@ from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, Weight
                                     remaining_parts, replay_ms, subset_ms, unit_ms)
 from harness.bench.probe import MODEL_S, Figures, Probe
 from harness.plan import Instance, Params
+from harness.sampling import Policy
+from harness.specs import DraftModel, NGram, NoDraft
 from harness.prompts import Prompt
 
 T, T2, D = "target-model", "other-target", "draft-model"
-GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
-SAMPLED = GREEDY | {"temperature": 0.7, "top_p": 0.9}
+GREEDY = Policy()
+SAMPLED = Policy(temperature=0.7, top_p=0.9)
 # ms, keyed (model, threads, ngl): a prompt token, one decode (neither growing with the context), a further token
 # of a block (so a block of k costs 30 + 10 (k - 1) for the target, 10 + 2 (k - 1) for the draft)
 PROBES = {(T, 2, 0): Probe(5.0, 0.0, 30.0, 0.0, 10.0), (T2, 2, 0): Probe(5.0, 0.0, 30.0, 0.0, 10.0),
           (D, 2, 0): Probe(2.0, 0.0, 10.0, 0.0, 2.0)}
-BASE, SBASE = Instance(T, "none", 0, GREEDY, 0, 0, 2), Instance(T, "none", 0, SAMPLED, 0, 0, 2)
-SPEC = Instance(T, D, 1, GREEDY, 0, 0, 2)
+BASE, SBASE = Instance(T, NoDraft(), 0, GREEDY, 0, 0, 2), Instance(T, NoDraft(), 0, SAMPLED, 0, 0, 2)
+SPEC = Instance(T, DraftModel(D), 1, GREEDY, 0, 0, 2)
 PARAMS = Params(target=[T], draft=["none", D], max_tokens=32, paired=True, replay_gamma=8)
 
 
@@ -113,7 +115,7 @@ def test_progress_weighs_each_prompt_by_its_estimated_time_in_the_runs_order():
     # and the twin's 30 (see SPEC_MS)
     assert w.unit(SPEC, ps) == pytest.approx([1960 + 200, 1960 + 2000])
     # the greedy replay through the draft: its prompts restored, 32 decodes of 10 ms each; ngram proposers free
-    assert w.replay(BASE, ps, [D, "ngram:3"]) == pytest.approx([320, 320])
+    assert w.replay(BASE, ps, [DraftModel(D), NGram(3)]) == pytest.approx([320, 320])
     # summed they are the generations of unit_ms, which adds the decode costs measured before and after
     fresh = Weights(PARAMS, fig)
     assert sum(fresh.unit(SPEC, ps)) == pytest.approx(

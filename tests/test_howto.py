@@ -7,18 +7,27 @@ import pytest
 
 from harness.models.catalog import Model
 from harness.plan import Instance
-from harness.report.howto import howto, howto_for_instance, model_path
+from harness.report.howto import howto, model_path
 from harness.sampling import Policy
+from harness.specs import parse_draft
 
 # Produced by `python tests/test_howto.py vendor/llama.cpp/common/arg.cpp > tests/data/llama_cpp_0.3.36_flags.txt`
 # on the llama-cpp-python 0.3.36 sdist: one flag per line, a tab, then the tools that accept it (arg.cpp's
 # set_examples, "common" for every tool, "-tool" for set_excludes) or "removed" (arg_removed).
 FLAGS_FILE = Path(__file__).parent / "data" / "llama_cpp_0.3.36_flags.txt"
 
-GREEDY = Policy().as_dict()
-SAMPLED = Policy(0.7, 0, 0.9, 0.0, 0).as_dict()
+GREEDY = Policy()
+SAMPLED = Policy(0.7, 0, 0.9, 0.0, 0)
 CATALOG = {"tgt": Model("tgt", "path", source_path=Path("/models/t 1.5b.gguf")),
            "dft": Model("dft", "path", source_path=Path("/models/d.gguf"))}
+
+def cmd(draft: str, gamma: int, policy: Policy, n_ctx: int = 2048, **knobs):
+    """howto() for a configuration of target "tgt" with these settings (plan.Instance's names)."""
+    inst = Instance("tgt", parse_draft(draft), gamma, policy, knobs.pop("ngl", 0), knobs.pop("ngl_draft", 0),
+                    knobs.pop("threads", 0), **knobs)
+    return howto(inst, n_ctx, catalog=CATALOG)
+
+
 # every flag howto can emit, by tool
 EMITTED = {"server": ["-m", "-ngl", "-c", "-np", "-kvu", "-t", "-ctk", "-ctv", "-fa", "-ub", "--temp", "--top-k",
                       "--top-p", "--min-p", "-s", "--spec-type", "--spec-draft-model", "--spec-draft-n-max",
@@ -64,8 +73,8 @@ def flags_of(cmd: str) -> list[str]:
 
 
 def test_draft_model_greedy_with_p_min_n_min_kv_and_offload():
-    h = howto("tgt", "dft", 4, GREEDY, p_min=0.75, n_min=2, ngl=99, ngl_draft=20, threads=4, cache_k_draft="q8_0",
-              cache_v_draft="q8_0", cache_k="q8_0", flash_attn="on", ubatch=256, n_ctx=4096, catalog=CATALOG)
+    h = cmd("dft", 4, GREEDY, p_min=0.75, n_min=2, ngl=99, ngl_draft=20, threads=4, cache_k_draft="q8_0",
+            cache_v_draft="q8_0", cache_k="q8_0", flash_attn="on", ubatch=256, n_ctx=4096)
     ctx = "-m '/models/t 1.5b.gguf' -ngl 99 -c 4096 -t 4 -ctk q8_0 -fa on -ub 256"
     spec = ("--spec-type draft-simple --spec-draft-model /models/d.gguf --spec-draft-n-max 4 --spec-draft-p-min 0.75 "
             "--spec-draft-n-min 2 --spec-draft-ngl 20 --spec-draft-threads 4 --spec-draft-type-k q8_0 "
@@ -77,18 +86,18 @@ def test_draft_model_greedy_with_p_min_n_min_kv_and_offload():
 
 
 def test_draft_model_sampled_defaults_and_the_rule_note():
-    h = howto("tgt", "dft", 3, SAMPLED, catalog=CATALOG)
+    h = cmd("dft", 3, SAMPLED)
     tail = ("--spec-type draft-simple --spec-draft-model /models/d.gguf --spec-draft-n-max 3 --spec-draft-p-min 0 "
             "--spec-draft-ngl 0 --temp 0.7 --top-k 0 --top-p 0.9 --min-p 0 -s 0")
     assert h.server == f"llama-server -m '/models/t 1.5b.gguf' -ngl 0 -c 2048 -np 1 {tail}"
     assert h.speculative_simple == (f"llama-speculative-simple -m '/models/t 1.5b.gguf' -ngl 0 -c 2048 {tail} "
                                     '-p "$PROMPT"')
     assert "Leviathan" in h.note and '"exact"' in h.note
-    assert howto("tgt", "dft", 3, SAMPLED, verify="exact", catalog=CATALOG).note == ""
+    assert cmd("dft", 3, SAMPLED, verify="exact").note == ""
 
 
 def test_ngram_proposer():
-    h = howto("tgt", "ngram:3", 2, SAMPLED, threads=2, catalog=CATALOG)
+    h = cmd("ngram:3", 2, SAMPLED, threads=2)
     assert h.server == ("llama-server -m '/models/t 1.5b.gguf' -ngl 0 -c 2048 -t 2 -np 1 --spec-type ngram-simple "
                         "--spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 2 --temp 0.7 --top-k 0 --top-p 0.9 "
                         "--min-p 0 -s 0")
@@ -105,19 +114,20 @@ def test_ngram_proposer():
 
 
 def test_python_kv_types_and_flash_attention():
-    py = howto("tgt", "ngram:2", 4, GREEDY, cache_k="q8_0", cache_v="bf16", flash_attn="off", catalog=CATALOG).python
+    py = cmd("ngram:2", 4, GREEDY, cache_k="q8_0", cache_v="bf16", flash_attn="off").python
     assert "flash_attn=False, type_k=8, type_v=30, draft_model=" in py and "temperature=0.0)" in py
     assert "# flash" not in py
 
 
 def test_instance_unresolved_names_and_notes():
-    inst = Instance("not-in-catalog", "dft", 6, SAMPLED, 0, 0, 0, adaptive=True, verify="exact", parallel=2)
-    h = howto_for_instance(inst, 1024, catalog=CATALOG)
+    inst = Instance("not-in-catalog", parse_draft("dft"), 6, SAMPLED, 0, 0, 0, adaptive=True, verify="exact",
+                    parallel=2)
+    h = howto(inst, 1024, catalog=CATALOG)
     assert h.server.startswith("llama-server -m not-in-catalog -ngl 0 -c 1024 -np 2 --spec-type draft-simple "
                                "--spec-draft-model /models/d.gguf --spec-draft-n-max 6 ")
     assert "adaptive" in h.note and "-np 2" in h.note
     assert model_path("nowhere.gguf", {}) == "nowhere.gguf"
-    plain = howto_for_instance(inst.plain(), 1024, catalog=CATALOG)
+    plain = howto(inst.plain(), 1024, catalog=CATALOG)
     assert plain.speculative_simple is None and "--spec" not in plain.server
 
 
@@ -127,10 +137,10 @@ def test_every_flag_is_llama_cpps():
         for f in flags:
             tags = known.get(f, set())
             assert tags & {"common", tool} and f"-{tool}" not in tags, (tool, f, tags)
-    cases = [howto("tgt", "dft", 4, SAMPLED, p_min=0.5, n_min=1, ngl=1, ngl_draft=1, threads=2, cache_k="q8_0",
+    cases = [cmd("dft", 4, SAMPLED, p_min=0.5, n_min=1, ngl=1, ngl_draft=1, threads=2, cache_k="q8_0",
                    cache_v="q8_0", cache_k_draft="q4_0", cache_v_draft="q8_0", flash_attn="on", ubatch=128,
-                   parallel=2, kv_unified=True, catalog=CATALOG),
-             howto("tgt", "ngram:3", 2, GREEDY, catalog=CATALOG), howto("tgt", "none", 0, GREEDY, catalog=CATALOG)]
+                   parallel=2, kv_unified=True),
+             cmd("ngram:3", 2, GREEDY), cmd("none", 0, GREEDY)]
     for h in cases:
         assert set(flags_of(h.server)) <= set(EMITTED["server"])
         assert set(flags_of(h.speculative_simple or "")) <= set(EMITTED["speculative"])
@@ -172,7 +182,7 @@ def test_an_adaptive_best_runs_the_best_fixed_gamma_in_llama_cpp():
     from harness.plan import Instance
     from harness.report.answer import answers
     from harness.sampling import Policy
-    base = Instance("tgt", "none", 0, Policy().as_dict(), 0, 0, 0)
+    base = Instance("tgt", parse_draft("none"), 0, Policy(), 0, 0, 0)
     row = {"target": "tgt", "ngl": 0, "threads": 0, "setup": "", "category": "code", "policy": "greedy",
            "verdict": SPECULATE, "speedup": 1.6, "lo": 1.3, "hi": 2.0, "at_most": None, "further": None,
            "min_gain": 0.05, "base": base.id, "draft": "dft", "gamma": 8, "adaptive": True, "verify": None,
@@ -181,7 +191,7 @@ def test_an_adaptive_best_runs_the_best_fixed_gamma_in_llama_cpp():
                           "verify": None, "speedup": s, "speedup_lo": s - 0.2, "speedup_hi": s + 0.2}
                          for g, a, s in ((8, True, 1.6), (3, False, 1.5), (8, False, 1.1), (1, False, 1.2))])
     (a,) = answers({"replay_verdicts": pl.DataFrame([row]), "replay": pred},
-                   {"instances": [base.__dict__], "params": {}})
+                   {"instances": [base.to_dict()], "params": {}})
     assert a["configuration"] == "dft γ auto<=8" and a["speedup"] == 1.6
     assert a["instance"].gamma == 3 and not a["instance"].adaptive
     assert "--spec-draft-n-max 3" in a["server"]

@@ -2,6 +2,7 @@
 memory llama.cpp allocates, per buffer and device; several targets in one sweep (the quantization ladder). Pure
 checks first, then SmolLM2 end to end."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -9,11 +10,13 @@ from harness.engine import EngineConfig, _flash_attn_used, cache_bytes
 from harness.errors import HarnessError
 from harness.llamacpp import captured_log, memory_breakdown, on_host
 from harness.plan import Instance, Params, check, expand
+from harness.sampling import Policy
+from harness.specs import DraftModel, NGram
 from tests.conftest import PROMPT_FILE
 from tests.helpers import harness, md_table, one_line_error
 
 T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
-GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
+GREEDY = Policy()
 
 LOG = """load_tensors:   CPU_Mapped model buffer size =    92.10 MiB
 load_tensors:        CUDA0 model buffer size =  1000.50 MiB
@@ -77,18 +80,19 @@ def test_cache_types_flash_attention_and_ubatch_are_swept_and_labelled():
     inst = expand(p)
     base = [i for i in inst if i.baseline]
     assert sorted(i.ubatch for i in base) == [64, 512]
-    model = [i for i in inst if i.draft == D]
+    model = [i for i in inst if i.draft == DraftModel(D)]
     assert len(model) == 2 * 4  # ubatch x (K, V) of the draft
-    assert {i.cache_k_draft for i in inst if i.draft == "ngram:2"} == {"f16"}  # a lookup has no cache
+    assert {i.cache_k_draft for i in inst if i.draft == NGram(2)} == {"f16"}  # a lookup has no cache
     q = next(i for i in model if (i.cache_k_draft, i.cache_v_draft, i.ubatch) == ("q8_0", "q8_0", 64))
     assert q.draft_label == f"{D} (KV q8_0/q8_0)" and q.setup == "ubatch 64"
     assert q.plain().setup == "ubatch 64" and q.plain().id in {i.id for i in base}
     d = q.draft_engine_config(2048)
     assert (d.cache_k, d.cache_v, d.n_ubatch, d.flash_attn) == ("q8_0", "q8_0", 64, "auto")
-    assert Instance(T, D, 2, GREEDY, 0, 0, 2).setup == ""
+    one = Instance(T, DraftModel(D), 2, GREEDY, 0, 0, 2)
+    assert one.setup == ""
     # a run from before these fields keeps its ids
-    assert Instance(T, D, 2, GREEDY, 0, 0, 2).id == Instance(T, D, 2, GREEDY, 0, 0, 2, cache_k="f16", ubatch=512).id
-    assert Instance(T, D, 2, GREEDY, 0, 0, 2, cache_k="q8_0").id != Instance(T, D, 2, GREEDY, 0, 0, 2).id
+    assert one.id == replace(one, cache_k="f16", ubatch=512).id
+    assert replace(one, cache_k="q8_0").id != one.id
 
 
 @pytest.mark.parametrize("params, words", [

@@ -17,8 +17,6 @@ from tests.helpers import ROOT, copy_run, harness, one_line_error
 
 
 def test_resume_after_a_prompt_changed_under_its_id_is_refused(tmp_path):
-    from dataclasses import asdict
-
     from harness.plan import Params, expand
     from harness.prompts import load
     prompts = load(paths=[PROMPT_FILE])
@@ -27,7 +25,7 @@ def test_resume_after_a_prompt_changed_under_its_id_is_refused(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "plan.json").write_text(json.dumps({
-        "schema": 2, "params": asdict(params), "instances": [asdict(i) for i in expand(params)],
+        "schema": 2, "params": params.to_dict(), "instances": [i.to_dict() for i in expand(params)],
         "prompt_ids": [prompts[0].id], "rounds": [[prompts[0].id]], "categories": [prompts[0].category],
         "prompt_digests": digests, "models": {}}))
     one_line_error(harness("bench", "--resume", run), f"prompt '{prompts[0].id}'", "changed", "restore", "new run")

@@ -58,17 +58,18 @@ def _die_before_result(attempt, inst_d, round_, prompts, params, run_dir):
 
 
 def test_bench_worker_dying_after_its_result_keeps_it_and_before_leaves_an_error_row(tmp_path, monkeypatch):
-    from dataclasses import asdict
 
     from harness.bench.worker import run_in_worker
     from harness.plan import Instance, Params
     from harness.rundir import finished
-    inst = Instance("t", "d", 2, {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}, 0, 0, 1)
+    from harness.sampling import Policy
+    from harness.specs import DraftModel
+    inst = Instance("t", DraftModel("d"), 2, Policy(), 0, 0, 1)
     monkeypatch.setattr(Instance, "id", property(lambda self: "c1"))
     params = Params(target=["t"], max_tokens=4)
     res = run_in_worker(inst, 0, [], params, tmp_path, child=_result_then_die)
     assert res["status"] == "ok" and finished(tmp_path)["c1"]["status"] == "ok"
     res = run_in_worker(inst, 0, [], params, tmp_path, child=_die_before_result)
     assert res["status"] == "error" and "exited with code 11" in res["error"]
-    assert finished(tmp_path)["c1"] == {"config": "c1", "unit": "c1", "round": 0, **asdict(inst), "status": "error",
+    assert finished(tmp_path)["c1"] == {"config": "c1", "unit": "c1", "round": 0, **inst.to_dict(), "status": "error",
                                         "error": "worker exited with code 11"}

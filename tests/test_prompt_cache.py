@@ -13,6 +13,7 @@ from harness.loop import Request, generate
 from harness.promptcache import PromptCache, evaluate_prompt, teacher_forced
 from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
+from harness.specs import parse_draft
 from tests.helpers import engine_pair
 
 CFG = EngineConfig(n_ctx=512, n_batch=32, threads=2)
@@ -206,8 +207,8 @@ def test_the_replay_through_the_cache_writes_the_same_records(replay_run, tmp_pa
     plan = read_plan(run)
     row = next(r for r in map(json.loads, (run / REPLAY_DIR / "results.jsonl").read_text().splitlines())
                if r["policy"]["temperature"] > 0)
-    base = next(i for i in map(lambda d: Instance(**d), plan["instances"]) if i.id == row["config"])
-    params = replace(Params(**plan["params"]), prompt_cache=True)
+    base = next(i for i in map(Instance.from_dict, plan["instances"]) if i.id == row["config"])
+    params = replace(Params.from_dict(plan["params"]), prompt_cache=True)
     prompts = [p for p in prompt_pool(params, plan["categories"]) if p.id in plan["prompt_ids"]]
     out = trace_path(run / REPLAY_DIR, row["unit"])
 
@@ -216,6 +217,7 @@ def test_the_replay_through_the_cache_writes_the_same_records(replay_run, tmp_pa
     want = replayed()
     assert {r["proposer"] for r in want if "match_exact" in r}  # the stepwise pass ran
     for evaluated in (2 * len(prompts), 0):  # each prompt once per model, then none
-        res = replay_unit(base, 0, prompts, row["proposers"], row["gamma_max"], params, run)  # a finished unit: afresh
+        res = replay_unit(base, 0, prompts, [parse_draft(x) for x in row["proposers"]], row["gamma_max"],
+                          params, run)  # a finished unit: afresh
         assert res["prompt_cache"]["evaluated"] == evaluated and res["prompt_cache"]["rejected"] == 0
         assert replayed() == want

@@ -14,14 +14,16 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.plan import Instance, Params
+from harness.sampling import Policy
+from harness.specs import NoDraft
 from harness.rundir import (RUN_SCHEMA, drop_unreadable, finished, new_run_dir, noise_records, read_plan,
                             rows_problems, traces_missing)
 from tests.helpers import harness, one_line_error
 
 
 def _plan(**over) -> dict:
-    inst = asdict(Instance("m", "none", 0, {"temperature": 0.0}, 0, 0, 0))
-    return {"schema": RUN_SCHEMA, "params": asdict(Params(target=["m"])), "instances": [inst], "prompt_ids": [],
+    inst = Instance("m", NoDraft(), 0, Policy(), 0, 0, 0).to_dict()
+    return {"schema": RUN_SCHEMA, "params": Params(target=["m"]).to_dict(), "instances": [inst], "prompt_ids": [],
             "categories": []} | over
 
 

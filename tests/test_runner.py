@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from harness.runner import given_prompt, use_color
+from harness.plan import expand, make_params
+from harness.runner import given_prompt, plan_one, use_color
 from tests.helpers import HARNESS, ROOT, harness, harness_process, one_line_error
 
 T = "smollm2-135m-instruct-q4_1"
@@ -21,6 +22,8 @@ REFUSED = {
     "draft-p-min-inf": (["--draft", "ngram:2", "--draft-p-min", "inf"], ["p-min"]),
     "max-tokens-beyond-n-ctx": (["--max-tokens", "5000"], ["--max-tokens 5000", "--n-ctx 2048"]),
     "ubatch-zero": (["--ubatch", "0"], ["--ubatch", ">= 1"]),
+    "a-list": (["--draft", "d1,d2"], ["--draft d1,d2", "one value"]),
+    "cache-type-unknown": (["--cache-type-k", "q9"], ["q9"]),
 }
 
 
@@ -63,3 +66,16 @@ def test_no_color_is_honoured_on_a_terminal(monkeypatch, env, color):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert use_color(_Tty()) is color
+
+
+@pytest.mark.parametrize("opts", [{}, {"draft": "ngram:3", "gamma": 2}, {"draft": "dft", "verify": "exact"},
+                                  {"draft": "dft", "temp": 0.7, "verify": "exact", "draft_p_min": 0.5,
+                                   "cache_type_k_draft": "q8_0"}])
+def test_run_plans_the_instance_bench_would_with_bench_defaults(opts):
+    """One parameter path: run's instance is bench's for the same values, ids and defaults included (under greedy
+    decoding bench makes exact leviathan, as run does)."""
+    inst, params = plan_one(target="tgt", **opts)
+    bench = [i for i in expand(make_params({}, {"target": "tgt"} | {k: str(v) for k, v in opts.items()}))
+             if i.baseline == ("draft" not in opts)]
+    assert [i.id for i in bench] == [inst.id] and params.n_ctx == 2048
+    assert inst.gamma == (0 if "draft" not in opts else opts.get("gamma", 4))

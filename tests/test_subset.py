@@ -6,10 +6,12 @@ from types import SimpleNamespace
 
 from harness.bench.subset import answered, choose, held_out_predictions
 from harness.plan import Instance
+from harness.sampling import Policy
+from harness.specs import DraftModel
 from harness.rundir import REPLAY_DIR, TRACES_DIR
 
-GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
-INSTANCES = [Instance("t", "d", g, GREEDY, 0, 0, 1) for g in range(1, 9)]
+GREEDY = Policy()
+INSTANCES = [Instance("t", DraftModel("d"), g, GREEDY, 0, 0, 1) for g in range(1, 9)]
 BASE = INSTANCES[0].plain().id
 N = 30
 # the draft's match at each position: the timed prompt's every token (gamma 8 wins there); the other's two in

@@ -15,7 +15,8 @@ import polars as pl
 from harness.analysis.intervals import REPLICATES, Generation, Row, row_intervals, step_matrix, widened
 from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, replay_step, step_ms
 from harness.costmodel import AdaptiveGamma, Costs
-from harness.drafting import Drafting, ngram_lookup, parse_ngram
+from harness.drafting import Drafting, ngram_lookup
+from harness.specs import parse_draft
 
 FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")
 PLAIN = Step(0, 0, 1)  # a plain decode
@@ -201,7 +202,7 @@ def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dic
 def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts: dict, reps: dict, plain_ms: dict,
           gamma_max: int) -> list[dict]:
     greedy, label, out = policy == "greedy", drafting.label(proposer), []
-    n = parse_ngram(proposer)
+    n = parse_draft(proposer).ngram
     lookup = (lambda ctx, k: ngram_lookup(ctx, n, k)) if n is not None and greedy else None
     # llama.cpp's rule samples with the plain twin's own draws, so its output is the twin's: replayed exactly like
     # greedy where the draft's matches were kept (older runs kept p of its top token only: expected)

@@ -59,11 +59,11 @@ def _steps(largest_category: int, own_max_tokens: int) -> list[tuple[str, Callab
 
     def gammas(p: Params) -> Params | None:
         # a replay predicts every gamma up to replay_gamma, and only those can be timed: the sweep follows it
-        top = p.replay_gamma if p.replay else max((g for g in p.gamma if isinstance(g, int)), default=0)
+        top = p.replay_gamma if p.replay else max((g.n for g in p.gamma if not g.adaptive), default=0)
         if top <= MIN_GAMMA:
             return None
         new = max(MIN_GAMMA, top // 2)
-        kept = [g for g in p.gamma if not isinstance(g, int) or g <= new]  # auto:N keeps its own N
+        kept = [g for g in p.gamma if g.adaptive or g.n <= new]  # auto:N keeps its own N
         return replace(p, gamma=kept, replay_gamma=new if p.replay else p.replay_gamma) if kept else None
 
     def subset(p: Params) -> Params | None:
@@ -111,7 +111,10 @@ def _halved(params: Params, cost: Callable[[Params], float], largest_category: i
         if p is not start:
             field = "replay_gamma" if name == "gamma" and p.replay else name
             was = getattr(start, field) or (largest_category if field == "per_category" else own_max_tokens)
-            cuts.append(Cut(field, was, getattr(p, field), start_est, est,
+            now = getattr(p, field)
+            if field == "gamma":  # as plan.json's params hold them
+                was, now = [g.json() for g in was], [g.json() for g in now]
+            cuts.append(Cut(field, was, now, start_est, est,
                             f"estimated {start_est / 60:.1f} min, over {budget_s / 60:.1f} min ({PLANNED:.0%} of the "
                             f"{params.budget_min:g} min budget)"))
     return Fit(p, params.budget_min, before, est, tuple(cuts))

@@ -100,8 +100,7 @@ def batched_step_costs(inst: Instance, n: int, context: float, fig: Figures):
 
 
 def _draft_model(inst: Instance) -> str | None:
-    from harness.drafting import parse_ngram
-    return None if inst.baseline or parse_ngram(inst.draft) is not None else inst.draft
+    return inst.draft.model
 
 
 def generations_ms(inst: Instance, prompts: list, params: Params, run_dir: Path | None, fig: Figures,
@@ -198,8 +197,7 @@ def replay_prompts_ms(base: Instance, prompts: list, models: list[str], params: 
     """A replay's prompts in order, each: the target's batched pass along the output (sampling only) and each
     draft model's (greedy, or llama.cpp's rule swept: a token at a time; sampling: batched, besides). Each
     alone, its prompt's weight on the replay's progress line."""
-    from harness.sampling import Policy
-    greedy = Policy(**base.policy).greedy
+    greedy = base.policy.greedy
     stepwise = greedy or "exact" in params.verify
     cfg = base.engine_config(params.n_ctx)
     dcfg = replace(cfg, n_gpu_layers=params.ngl_draft[0], cache_k=params.cache_type_k_draft[0],
@@ -280,7 +278,6 @@ def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Inst
     without one; the worker starts and model loads of all of them; the reports. run_dir None: a run not started
     yet. A resumed run's prompts are costed as not yet cached."""
     from harness.bench.replay import proposers
-    from harness.drafting import parse_ngram
     from harness.rundir import DRIFT_DIR, FIDELITY_FILE, REPLAY_DIR, finished
     ledger = Ledger(params.prompt_cache)
     parts = {"units": sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo)}
@@ -288,8 +285,8 @@ def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Inst
     if params.replay:
         done = finished(run_dir / REPLAY_DIR) if run_dir else {}
         bases = [i for i in live if i.baseline and done.get(i.id, {}).get("status") != "ok"]
-        parts["replay"] = sum(replay_ms(b, prompts, [m for m in proposers(instances, params, b)
-                                                     if parse_ngram(m) is None], params, fig, ledger) for b in bases)
+        parts["replay"] = sum(replay_ms(b, prompts, [m.model for m in proposers(instances, params, b) if m.model],
+                                        params, fig, ledger) for b in bases)
     if params.timed_subset and "timed" not in plan:
         parts["timed subset"] = subset_ms(live, prompts, params, run_dir, fig, ledger) + CHOOSE_S * 1000
     if len(params.target) > 1 and not (run_dir and (run_dir / FIDELITY_FILE).exists()):
@@ -318,7 +315,6 @@ class Weights:
     def unit(self, inst: Instance, prompts: list) -> list[float]:
         return generations_ms(inst, prompts, self.params, None, self.fig, self.ledger)
 
-    def replay(self, base: Instance, prompts: list, proposers: list[str]) -> list[float]:
-        from harness.drafting import parse_ngram
-        return replay_prompts_ms(base, prompts, [m for m in proposers if parse_ngram(m) is None], self.params,
-                                 self.fig, self.ledger)
+    def replay(self, base: Instance, prompts: list, proposers: list) -> list[float]:
+        return replay_prompts_ms(base, prompts, [m.model for m in proposers if m.model], self.params, self.fig,
+                                 self.ledger)

@@ -51,7 +51,6 @@ def check_memory(instances: list[Instance], n_ctx: int) -> None:
     than is available. Only configurations entirely on the CPU (ngl and ngl_draft 0) are checked: with offload
     the host's share depends on the layers offloaded and the backend, which llama.cpp alone knows."""
     from harness.models.catalog import load_catalog, resolve
-    from harness.drafting import parse_ngram
     cat = load_catalog()
     sizes: dict[tuple, tuple[int, int]] = {}  # (model, K type, V type) -> (weights, KV cache) bytes
 
@@ -66,8 +65,8 @@ def check_memory(instances: list[Instance], n_ctx: int) -> None:
         if i.ngl or i.ngl_draft:
             continue
         models = [(i.target, i.cache_k, i.cache_v)]
-        if not i.baseline and parse_ngram(i.draft) is None:
-            models.append((i.draft, i.cache_k_draft, i.cache_v_draft))
+        if i.draft.model:
+            models.append((i.draft.model, i.cache_k_draft, i.cache_v_draft))
         need = sum(sum(size(*m)) for m in models)
         avail = available_bytes() if avail is None else avail
         if need > avail:

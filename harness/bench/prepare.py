@@ -17,18 +17,12 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
     from harness.bench.memory import check_memory
     from harness.llamacpp import GPU_BUILD_HINT, gpu_offload_supported
     from harness.models.catalog import load_catalog, require_present, resolve
-    from harness.drafting import parse_ngram
-    from harness.proposers import NgramProposer
 
     cat = load_catalog()
-    models = {i.target for i in instances} | {i.draft for i in instances if parse_ngram(i.draft) is None} - {"none"}
+    models = {i.target for i in instances} | {i.draft.model for i in instances if i.draft.model}
     for ref in sorted(models):
         m = resolve(ref, cat)
         require_present(m)
-    for i in instances:
-        n = parse_ngram(i.draft)
-        if n is not None:
-            NgramProposer(n)
     skipped = {}
     if not gpu_offload_supported():
         gpu = [i for i in instances if i.ngl > 0 or i.ngl_draft > 0]
@@ -39,10 +33,10 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
     check_memory([i for i in instances if i.id not in skipped], n_ctx)
     checked = set()
     for i in instances:
-        if i.baseline or parse_ngram(i.draft) is not None or (i.target, i.draft) in checked:
+        if not i.draft.model or (i.target, i.draft.model) in checked:
             continue
-        require_aligned(resolve(i.target, cat).path, resolve(i.draft, cat).path, prompts)
-        checked.add((i.target, i.draft))
+        require_aligned(resolve(i.target, cat).path, resolve(i.draft.model, cat).path, prompts)
+        checked.add((i.target, i.draft.model))
     check_prompts_fit(instances, prompts, max_tokens, n_ctx)
     return skipped
 
@@ -75,15 +69,14 @@ def check_prompts_fit(instances: list[Instance], prompts: list, max_tokens: int,
 def cost_needs(instances: list[Instance]) -> set[tuple[str, int, int]]:
     """(model, threads, ngl) triples whose decode costs the cost model needs."""
     from harness.engine import EngineConfig
-    from harness.drafting import parse_ngram
     out = set()
     for i in instances:
         if i.baseline:
             continue
         t = EngineConfig(threads=i.threads).resolved_threads()
         out.add((i.target, t, i.ngl))
-        if parse_ngram(i.draft) is None:
-            out.add((i.draft, t, i.ngl_draft))
+        if i.draft.model:
+            out.add((i.draft.model, t, i.ngl_draft))
     return out
 
 
@@ -125,10 +118,10 @@ def models_info(names: set[str]) -> dict[str, dict]:
     never depends on the model files still being there."""
     from harness.models.catalog import resolve
     from harness.models.store import current_sha, read_sidecar
-    from harness.drafting import parse_ngram
     out = {}
-    for n in sorted(names - {"none"}):
-        if parse_ngram(n) is not None:
+    from harness.specs import parse_draft
+    for n in sorted(names):
+        if parse_draft(n).ngram:
             out[n] = {"quant": "", "bytes": 0, "sha256": "", "note": "n-gram lookup (no model)"}
             continue
         m = resolve(n)

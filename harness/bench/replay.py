@@ -17,18 +17,18 @@ from pathlib import Path
 from harness.bench.worker import isolated_unit, record_attempt
 from harness.plan import Instance, Params
 from harness.rundir import REPLAY_DIR, cache_dir, load_records, trace_path, unit_id
+from harness.specs import DraftSpec
 
 KIND = "replay"
 
 
-def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
+def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[DraftSpec], gamma_max: int, params: Params,
                 run_dir: Path) -> dict:
     from harness.bench.partial import UNIT, replay_done, resume
     from harness.calibrate import in_situ, pooled, spanned_contexts
-    from harness.drafting import parse_ngram
     from harness.engine import Engine
     from harness.promptcache import PromptCache, teacher_forced
-    from harness.sampling import Policy, process
+    from harness.sampling import process
     from harness.trace import TraceWriter, discard
     from harness.verify import overlap
 
@@ -39,17 +39,19 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
     plain_steps = [r for r in records if r.get("type") == "step"]
     # the loop's overhead per verified row (Costs.overhead_ms_per_row): a plain step verifies one
     overhead = sum(r["overhead_ms"] for r in plain_steps) / max(sum(r["proposed"] + 1 for r in plain_steps), 1)
-    policy = Policy(**base.policy)
+    policy = base.policy
     cfg = base.engine_config(params.n_ctx)
     # the plan lets a replay have one draft offload and cache type, which every draft model gets
     draft_cfg = replace(cfg, n_gpu_layers=params.ngl_draft[0], cache_k=params.cache_type_k_draft[0],
                         cache_v=params.cache_type_v_draft[0])
     from harness.models.catalog import resolve
-    models = [p for p in proposers if parse_ngram(p) is None]
+    models = [p.model for p in proposers if p.model]
+    names = [str(p) for p in proposers]  # as the replay's records name them
     out_file = trace_path(run_dir / REPLAY_DIR, unit)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     keep = resume({KIND: out_file}, run_dir / REPLAY_DIR, unit,  # an interrupted unit goes on
-                  lambda traces: replay_done(traces[KIND], proposers, per_prompt(proposers, policy.greedy)))
+                  lambda traces: replay_done(traces[KIND], names,
+                                              [str(p) for p in per_prompt(proposers, policy.greedy)]))
     if not keep:
         discard(out_file)
     tw = TraceWriter(out_file, config=base.id, mode=KIND, policy=policy.label)
@@ -75,12 +77,12 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
             starts = [x[:-1] for x in texts]  # as teacher_forced and stepwise_argmax evaluate a prompt
             t = in_situ(target, None, text, gamma_max + 1, ctxs, cache=cache, prefixes=starts)
             out = {}
-            for name in proposers:
-                if name in engines:
+            for spec, name in zip(proposers, names):
+                if spec.model:
                     d = in_situ(None, engines[name], text, gamma_max + 1, ctxs, cache=cache, prefixes=starts)
                     d = {k: v for k, v in d.items() if k.startswith("draft_")}
                 else:  # a lookup's own time, without a spread
-                    d = {"draft_ms_by_context": [[ngram_ms(name, texts)] * (gamma_max + 1)] * len(t["contexts"])}
+                    d = {"draft_ms_by_context": [[ngram_ms(spec.ngram, texts)] * (gamma_max + 1)] * len(t["contexts"])}
                 out[name] = t | {"proposer": name, "overhead_ms": overhead} | d
             return out
         # measured before the prompts and again after them, minutes apart, and pooled: a machine's drift between
@@ -96,13 +98,12 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
                       "stop_token": stop, "max_tokens": params.max_tokens or pr.max_tokens})
             p_rows = None if policy.greedy else [process(r, policy)
                                                  for r in teacher_forced(target, toks, forced, cache)]
-            for name in proposers:
-                n = parse_ngram(name)
-                if n is not None:
+            for spec, name in zip(proposers, names):
+                if spec.ngram:
                     if policy.greedy:
                         continue  # recomputed from the tokens by analysis.replay
                     from harness.proposers import NgramProposer
-                    ng = NgramProposer(n)
+                    ng = NgramProposer(spec.ngram)
                     blocks = []  # per step start j: p of each token the lookup proposes there, at its position
                     for j in range(len(p_rows)):
                         x = ng.propose([*toks, *out[:j]], gamma_max).tokens
@@ -136,19 +137,18 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[str]
             e.close()
 
 
-def proposers(instances: list[Instance], params: Params, base: Instance | None = None) -> list[str]:
+def proposers(instances: list[Instance], params: Params, base: Instance | None = None) -> list[DraftSpec]:
     """What the replay runs a baseline's outputs through: every draft the sweep pairs with that baseline (with
     any baseline when base is None)."""
     return list(dict.fromkeys(i.draft for i in instances if not i.baseline
                               and (base is None or i.plain().id == base.id))) or \
-        [d for d in params.draft if d != "none"]
+        [d for d in params.draft if not d.plain]
 
 
-def per_prompt(proposers: list[str], greedy: bool) -> list[str]:
+def per_prompt(proposers: list[DraftSpec], greedy: bool) -> list[DraftSpec]:
     """The proposers that write a replay record per prompt: under greedy a lookup's is recomputed from the
     tokens."""
-    from harness.drafting import parse_ngram
-    return [p for p in proposers if not greedy or parse_ngram(p) is None]
+    return [p for p in proposers if not greedy or p.model]
 
 
 def stepwise_argmax(engine, prompt: list[int], forced: list[int], cache=None) -> list[int]:
@@ -163,13 +163,12 @@ def stepwise_argmax(engine, prompt: list[int], forced: list[int], cache=None) ->
     return out
 
 
-def ngram_ms(name: str, texts: list[list[int]]) -> float:
+def ngram_ms(n: int, texts: list[list[int]]) -> float:
     """Median ms of an n-gram lookup over the prompts' own texts."""
     import statistics
 
-    from harness.drafting import parse_ngram
     from harness.proposers import NgramProposer
-    ng = NgramProposer(parse_ngram(name))
+    ng = NgramProposer(n)
     times = []
     for t in texts:
         s = time.perf_counter()
@@ -178,15 +177,15 @@ def ngram_ms(name: str, texts: list[list[int]]) -> float:
     return statistics.median(times)
 
 
-def _child(attempt: str, base_d: dict, round_: int, prompts: list, proposers: list[str], gamma_max: int,
+def _child(attempt: str, base_d: dict, round_: int, prompts: list, proposers: list[DraftSpec], gamma_max: int,
            params: Params, run_dir: str) -> None:
-    base, rd = Instance(**base_d), Path(run_dir)
+    base, rd = Instance.from_dict(base_d), Path(run_dir)
     record_attempt(attempt, base, round_, rd / REPLAY_DIR,
                    lambda: replay_unit(base, round_, prompts, proposers, gamma_max, params, rd),
-                   proposers=proposers, gamma_max=gamma_max)
+                   proposers=[str(p) for p in proposers], gamma_max=gamma_max)
 
 
-def run_replay(base: Instance, round_: int, prompts: list, proposers: list[str], gamma_max: int, params: Params,
+def run_replay(base: Instance, round_: int, prompts: list, proposers: list[DraftSpec], gamma_max: int, params: Params,
                run_dir: Path, on_start=None) -> dict:
     """replay_unit in a fresh process, as bench.worker runs a configuration."""
     return isolated_unit(_child, base, round_, run_dir / REPLAY_DIR,

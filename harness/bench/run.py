@@ -9,7 +9,6 @@ import shlex
 import shutil
 import time
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -57,8 +56,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         run_dir = resume
         repair_results(run_dir)
         drop_unreadable(run_dir / "results.jsonl")  # a row cut short mid-file: its unit runs again
-        instances = [Instance(**d) for d in plan["instances"]]
-        params = Params(**plan["params"])
+        instances = [Instance.from_dict(d) for d in plan["instances"]]
+        params = Params.from_dict(plan["params"])
         pool = prompt_pool(params, plan["categories"])
         rounds = plan_rounds(plan)
         same_models(plan)
@@ -90,13 +89,15 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         run_dir = new_run_dir(out_root / RUNS_DIR)
         locks.append(lock_run(run_dir))
         from harness import sysinfo
-        plan = {"schema": RUN_SCHEMA, "command": command, "params": asdict(params),
-                "instances": [asdict(i) for i in instances], "prompt_ids": rounds[0],
+        plan = {"schema": RUN_SCHEMA, "command": command, "params": params.to_dict(),
+                "instances": [i.to_dict() for i in instances], "prompt_ids": rounds[0],
                 "prompt_digests": {p.id: p.digest for p in pool}, "rounds": rounds,
                 "categories": sorted({p.category for p in first}),
                 "pool_sizes": dict(Counter(p.category for p in pool)),  # the looks' spending runs to these
                 "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time(),
-                "idle_check": idle, "models": models_info({i.target for i in instances} | {i.draft for i in instances}),
+                "idle_check": idle,
+                "models": models_info({i.target for i in instances} | {str(i.draft) for i in instances
+                                                                          if not i.baseline}),
                 "budget": fitted.record() | {"parts_s": {k: round(s, 1) for k, s in  # beside took_s, once it ran
                                                          _new_run_parts(params, skipped, figures).items()}}}
         write_plan(run_dir, plan)
@@ -124,7 +125,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             if done.get(u, {}).get("status") in ("ok", "skipped"):
                 continue
             if i.id in skipped:
-                record_result(run_dir, {"config": i.id, "unit": u, "round": r, **asdict(i), "status": "skipped",
+                record_result(run_dir, {"config": i.id, "unit": u, "round": r, **i.to_dict(), "status": "skipped",
                                         "error": skipped[i.id]})
             elif params.timed_subset and not i.baseline:  # timed only if the replay chose it (on its prompts)
                 if i.id in plan.get("timed", {}):
@@ -267,7 +268,8 @@ def _plan_line(instances: list[Instance], skipped: dict, prompts: list, params: 
             f"{units} unit(s) to run")
     if params.replay and new:
         bases = sum(1 for i in instances if i.baseline and i.id not in skipped)
-        line += (f", then the replay of {bases} baseline(s) through {', '.join(proposers(instances, params))} up "
+        names = ", ".join(map(str, proposers(instances, params)))
+        line += (f", then the replay of {bases} baseline(s) through {names} up "
                  f"to gamma {params.replay_gamma}")
     if params.timed_subset and new:
         line += (", then a timed subset (each proposer's predicted best gamma and gamma 1) on each category's first "

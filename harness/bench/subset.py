@@ -28,13 +28,12 @@ def choose(run_dir: Path, instances: list[Instance], prompts: list,
     luck there would pass for a confirmation. A category with no other prompt is chosen on its timed ones:
     timed_in_sample gives it the number of (proposer, gamma) configurations the choice was among, for its
     verdict to be widened by."""
-    from harness.sampling import Policy
     firsts = {cat: [p.id for p in ps] for cat, ps in first_prompts(prompts, n).items()}
     pred, in_sample = held_out_predictions(run_dir, firsts)
     if pred is None:
         return {}, {}
     pred = pred.filter(~pl.col("adaptive"))
-    by_key = {(i.plain().id, Policy(**i.policy).label, i.draft_label, i.gamma): i.id
+    by_key = {(i.plain().id, i.policy.label, i.draft_label, i.gamma): i.id
               for i in instances if not i.baseline and not i.adaptive}
     chosen: dict[str, list[str]] = {}
     for (base, policy, cat, proposer), g in pred.group_by(["config", "policy", "category", "proposer"],

@@ -12,7 +12,6 @@ from harness.bench import noise
 from harness.bench.estimate import Weights
 from harness.plan import Instance, Params
 from harness.rundir import finished, record_noise, unit_id
-from harness.sampling import Policy
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
 
@@ -35,7 +34,7 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights
     for k, (inst, r, prompts) in enumerate(units, 1):
         what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
             f" ({inst.setup})" if inst.setup else "")
-        title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {Policy(**inst.policy).label}"
+        title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {inst.policy.label}"
         watch = timed_watch(run_dir, unit_id(inst.id, r), params.paired and not inst.baseline)
         with noise.Sampler(params.busy_threshold, asked_share(inst)) as sampler, \
                 Progress(title, len(prompts) * params.repeat, watch, weights=weights.unit(inst, prompts)):
@@ -99,9 +98,9 @@ def run_replays(instances: list[Instance], skipped: dict, prompts: list, params:
             and base_done.get(i.id, {}).get("status") == "ok"
             and (done.get(i.id, {}).get("status") != "ok" or i.id in again)]
     for k, base in enumerate(todo, 1):
-        title = f"[replay {k}/{len(todo)}] {base.target} {Policy(**base.policy).label}"
+        title = f"[replay {k}/{len(todo)}] {base.target} {base.policy.label}"
         drafts = proposers(instances, params, base)
-        watch = replay_watch(run_dir, base.id, len(per_prompt(drafts, Policy(**base.policy).greedy)))
+        watch = replay_watch(run_dir, base.id, len(per_prompt(drafts, base.policy.greedy)))
         with noise.Sampler(params.busy_threshold, asked_share(base)) as sampler, \
                 Progress(title, len(prompts), watch, weights=weights.replay(base, prompts, drafts)):
             res = run_replay(base, 0, prompts, drafts, params.replay_gamma, params, run_dir,
@@ -109,4 +108,4 @@ def run_replays(instances: list[Instance], skipped: dict, prompts: list, params:
         rec = sampler.summary()
         record_noise(run_dir, {"unit": f"replay/{base.id}", "config": None, "round": 0} | rec)
         status = res["status"] + (f" ({res.get('error')})" if res["status"] != "ok" else "")
-        click.echo(f"{title}: {', '.join(drafts)} up to gamma {params.replay_gamma}: {status}", err=True)
+        click.echo(f"{title}: {', '.join(map(str, drafts))} up to gamma {params.replay_gamma}: {status}", err=True)

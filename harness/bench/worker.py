@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -30,7 +30,7 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
     unit = unit_id(inst.id, round_)
     before_models = rss_bytes_now()  # Python, numpy, llama.cpp's libraries: the process before any weights
     cache = PromptCache(cache_dir(run_dir)) if params.prompt_cache and inst.parallel == 1 else None
-    pair = open_pair(inst.target, None if inst.baseline else inst.draft, inst.engine_config(params.n_ctx),
+    pair = open_pair(inst.target, inst.draft, inst.engine_config(params.n_ctx),
                      inst.draft_engine_config(params.n_ctx),
                      check_alignment=False, drafting=inst.drafting,  # the sweep checked every pair up front
                      prompt_cache=cache)
@@ -39,7 +39,7 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
         files["baseline"] = trace_path(run_dir / PAIRED_DIR, unit)
     # greedy speculative outputs are checked against plain greedy decoding: the paired twin, or else the
     # baseline configuration's trace when it ran earlier in the sweep
-    check = inst.policy["temperature"] == 0 and not inst.baseline
+    check = inst.policy.greedy and not inst.baseline
     plain_ref = plain_outputs(run_dir, inst, round_) if check and "baseline" not in files else {}
     # an interrupted unit goes on from its finished prompts; a batched one's requests share their batches and an
     # adaptive one's controller learns from prompt to prompt: those start afresh
@@ -91,10 +91,9 @@ def run_sequential(inst: Instance, pair, requests: list, files: dict, repeat: in
     """One request at a time, but those in keep (finished before an interruption); with a paired twin,
     alternating which of the two goes first, in the same order as though none had been kept."""
     from harness.loop import generate
-    from harness.sampling import Policy
     from harness.trace import TraceWriter
     controllers = {}
-    pol, n = Policy(**inst.policy), 0
+    pol, n = inst.policy, 0
     for rep in range(repeat):
         for pr, req in requests:
             if (pr.id, rep) in keep:
@@ -129,13 +128,12 @@ def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, 
     """inst.parallel requests at a time, each category's apart (a batch holds one workload); with a paired twin,
     the category's plain batch beside its speculative one, alternating which goes first."""
     from harness.concurrency.loop import BatchedDraft, generate_concurrent
-    from harness.sampling import Policy
     from harness.trace import TraceWriter
     proposer = BatchedDraft(pair.draft_engine, inst.drafting) if pair.draft_engine else pair.proposer
     by_cat: dict[str, list] = {}
     for r in requests:
         by_cat.setdefault(r.category, []).append(r)
-    pol, n = Policy(**inst.policy), 0
+    pol, n = inst.policy, 0
     for rep in range(repeat):
         for cat, reqs in by_cat.items():
             reqs = [replace(r, repeat=rep) for r in reqs]  # their random streams (loop.streams)
@@ -233,28 +231,28 @@ def record_attempt(attempt: str, inst: Instance, round_: int, results_dir: Path,
         res = {"status": "error", "error": str(e)}
     except Exception as e:  # noqa: BLE001 - any failure becomes a row; the sweep goes on
         res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    record_result(results_dir, {"config": inst.id, "unit": unit_id(inst.id, round_), "round": round_, **asdict(inst),
+    record_result(results_dir, {"config": inst.id, "unit": unit_id(inst.id, round_), "round": round_, **inst.to_dict(),
                                 **res, **extra, "peak_rss_bytes": peak_rss_bytes(), "attempt": attempt})
 
 
 def isolated_unit(child, inst: Instance, round_: int, results_dir: Path, args: tuple, on_start=None) -> dict:
-    """child(attempt, asdict(inst), round_, *args) in a fresh process (on_start(pid) is told its pid); its result
+    """child(attempt, inst.to_dict(), round_, *args) in a fresh process (on_start(pid) is told its pid); its result
     row from results_dir. A worker that dies (segfault, out of memory) before writing its result leaves an error
     row; one that dies after writing it (say, in llama.cpp's teardown) keeps its result: the traces are
     complete."""
     attempt = os.urandom(6).hex()
     unit = unit_id(inst.id, round_)
-    code = run_isolated(child, attempt, asdict(inst), round_, *args, on_start=on_start)
+    code = run_isolated(child, attempt, inst.to_dict(), round_, *args, on_start=on_start)
     res = finished(results_dir).get(unit)
     if res is None or res.get("attempt") != attempt:
-        res = {"config": inst.id, "unit": unit, "round": round_, **asdict(inst), "status": "error",
+        res = {"config": inst.id, "unit": unit, "round": round_, **inst.to_dict(), "status": "error",
                "error": death(code)}
         record_result(results_dir, res)
     return res
 
 
 def _child(attempt: str, inst_d: dict, round_: int, prompts: list, params: Params, run_dir: str) -> None:
-    inst = Instance(**inst_d)
+    inst = Instance.from_dict(inst_d)
     record_attempt(attempt, inst, round_, Path(run_dir), lambda: run_instance(inst, round_, prompts, params,
                                                                              Path(run_dir)))
 

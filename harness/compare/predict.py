@@ -97,9 +97,9 @@ def _require_costs(p: str, c: dict) -> None:
 
 
 def _require_match(plan: dict, cals: dict[str, dict], run: str) -> None:
-    from harness.drafting import parse_ngram
-    used = {i["target"] for i in plan["instances"]} | {i["draft"] for i in plan["instances"]}
-    models = {m for m in used if m != "none" and parse_ngram(m) is None}
+    from harness.specs import parse_draft
+    drafts = {parse_draft(i["draft"]).model for i in plan["instances"]}
+    models = {i["target"] for i in plan["instances"]} | drafts - {None}
     for name in cals:
         if name not in models:
             raise HarnessError(f"--costs: a calibration of {name}, which {run} did not use (it used "
@@ -157,7 +157,7 @@ def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \
         raise HarnessError(f"{run_dir} has no replay: predictions for another machine need acceptance replayed from "
                            "every prompt (harness bench --replay)")
     _require_match(plan, cals, run_dir.name)
-    insts = {i.id: i for i in (Instance(**d) for d in plan["instances"])}
+    insts = {i.id: i for i in (Instance.from_dict(d) for d in plan["instances"])}
     gamma_max = plan["params"].get("replay_gamma", 8)
     records = swapped_costs(load_records(run_dir / REPLAY_DIR, units), cals,
                             {c: i.target for c, i in insts.items()}, gamma_max)

@@ -49,7 +49,7 @@ def run_prompts(plan: dict, category: str, per_category: int = 0) -> list:
     against the digests the plan recorded."""
     from harness.plan import Params, prompt_pool
     from harness.rundir import plan_rounds
-    params = Params(**plan["params"])
+    params = Params.from_dict(plan["params"])
     ids = list(dict.fromkeys(i for r in plan_rounds(plan) for i in r))
     pool = {p.id: p for p in prompt_pool(params, plan.get("categories"))}
     digests = plan.get("prompt_digests", {})
@@ -96,7 +96,7 @@ def harness_figures(data: dict[str, pl.DataFrame], a: dict, inst) -> dict:
         rows = rows.filter((pl.col("config") == inst.id) & (pl.col("category") == a["category"]))
     else:
         rows = rows.filter((pl.col("base") == inst.plain().id) & (pl.col("category") == a["category"])
-                           & (pl.col("draft") == inst.draft) & (pl.col("gamma") == inst.gamma)
+                           & (pl.col("draft") == str(inst.draft)) & (pl.col("gamma") == inst.gamma)
                            & (pl.col("adaptive") == inst.adaptive))
         same = rows.filter(pl.col("verify") == inst.verify)
         rows = same if len(same) else rows
@@ -116,9 +116,8 @@ def key(inst, category: str, prompts: list, spec_args: list[str]) -> str:
 def checks(run_dir: Path, only: str = "all", per_category: int = 0) -> tuple[list[Check], dict]:
     """The checks of a run and its plan: every "speculate" answer, and (only="all") the configuration every other
     answer names as its best."""
-    from harness.drafting import parse_ngram
     from harness.report.answer import answers
-    from harness.report.howto import howto_for_instance
+    from harness.report.howto import howto
     from harness.report.tables import compute
     from harness.rundir import read_plan
     if only not in ONLY:
@@ -137,7 +136,7 @@ def checks(run_dir: Path, only: str = "all", per_category: int = 0) -> tuple[lis
             continue
         inst = a.pop("instance", None)
         c = Check(a, inst, [], [], [], {})
-        if inst is None or inst.draft == "none":
+        if inst is None or inst.draft.plain:
             out.append(c)
             c.skip = "no configuration named"
             continue
@@ -146,15 +145,15 @@ def checks(run_dir: Path, only: str = "all", per_category: int = 0) -> tuple[lis
             c.skip = f"parallel {inst.parallel}: crosscheck sends one request at a time"
             out.append(c)
             continue
-        c.spec_args, c.plain_args = server_args(howto_for_instance(inst, n_ctx).server)
+        c.spec_args, c.plain_args = server_args(howto(inst, n_ctx).server)
         k = (inst.target, a["category"])
         if k not in tokens:
             tokens[k] = tokenize(model_file(inst.target), run_prompts(plan, a["category"], per_category),
                                  max_tokens)
         # a draft model that is not there: one line now, before any server starts; after the target, so that with
         # both missing the line names the target whichever configuration the run found best
-        if parse_ngram(inst.draft) is None:
-            model_file(inst.draft)
+        if inst.draft.model:
+            model_file(inst.draft.model)
         c.prompts = tokens[k]
         c.key = key(inst, a["category"], c.prompts, c.spec_args)
         out.append(c)

@@ -16,11 +16,9 @@ from harness.crosscheck.stats import fault, figures, row_fault, same_outputs
 from harness.errors import HarnessError
 
 
-def payload(tokens: list[int], max_tokens: int, policy: dict) -> dict:
+def payload(tokens: list[int], max_tokens: int, pol) -> dict:
     """/completion's body: the harness's own token ids (no BOS added to a token list), its max tokens and sampling
     policy, no prompt cache; generation stops at end of generation as the harness's does."""
-    from harness.sampling import Policy
-    pol = Policy(**policy)
     return {"prompt": tokens, "n_predict": max_tokens, "cache_prompt": False, "stream": False,
             "return_tokens": True, "temperature": pol.temperature, "top_k": pol.top_k, "top_p": pol.top_p,
             "min_p": pol.min_p, "seed": pol.seed}

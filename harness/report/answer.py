@@ -11,6 +11,7 @@ from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SETTLED, SPEC
 from harness.report.fmt import beside, ci
 from harness.report.replayed import best_fixed, confirmation
 from harness.report.verdicts import GROUP, LEVEL_REPLAY
+from harness.specs import parse_draft
 
 VARY = ("target", "ngl", "threads", "setup")
 
@@ -22,7 +23,7 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
     measured, the figure of llama.cpp's rule beside. A prediction its own timed run contradicts is no answer:
     the group's timed verdict decides where it settled, else the group is inconclusive."""
     from harness.plan import Instance
-    by_id = {i.id: i for i in (Instance(**d) for d in plan.get("instances", []))}
+    by_id = {i.id: i for i in (Instance.from_dict(d) for d in plan.get("instances", []))}
     n_ctx = plan.get("params", {}).get("n_ctx", 2048)
     v, sweep = data.get("verdicts"), data.get("sweep")
     replay = data.get("replay_verdicts")
@@ -63,7 +64,7 @@ def _predicted(r: dict, pred: pl.DataFrame, by_id: dict, n_ctx: int) -> tuple[di
                 f"({ci(x['speedup'], x['speedup_lo'], x['speedup_hi'], unit='x')} predicted).")
         ran = {"timed": x.get("timed_speedup"), "timed_lo": x.get("timed_speedup_lo"),
                "timed_hi": x.get("timed_speedup_hi")}
-    inst = None if base is None else replace(base, draft=r["draft"], gamma=gamma, adaptive=adaptive,
+    inst = None if base is None else replace(base, draft=parse_draft(r["draft"]), gamma=gamma, adaptive=adaptive,
                                              verify=r["verify"] or "leviathan")
     same = group & (pl.col("gamma") == gamma) & (pl.col("adaptive") == adaptive) & (pl.col("verify") == "exact")
     return _answer(r, f"{r['proposer']} γ {'auto<=' if r['adaptive'] else ''}{r['gamma']}", inst,
@@ -75,20 +76,20 @@ def _timed(r: dict, by_id: dict, n_ctx: int, sweep: pl.DataFrame | None) -> dict
     inst = by_id.get(r.get("config"))
     twin = pl.DataFrame()
     if inst is not None and sweep is not None:  # the same configuration under llama.cpp's rule, if timed
-        ids = {i.id for i in by_id.values() if replace(i, verify=inst.verify) == inst and i.verify == "exact"}
+        ids = {i.id for i in by_id.values() if replace(i, verify=inst.verify).id == inst.id and i.verify == "exact"}
         twin = sweep.filter(pl.col("config").is_in(ids) & (pl.col("category") == r["category"]))
     name = f"{r['draft_label']} γ {r['gamma_label']}" if r.get("draft") else ""
     return _answer(r, name, inst, f"timed on {r.get('prompts')} prompt(s)", n_ctx, twin)
 
 
 def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFrame, note: str = "") -> dict:
-    from harness.report.howto import howto_for_instance, rule_differs
+    from harness.report.howto import howto, rule_differs
     a = {k: r.get(k) for k in (*VARY, "category", "policy", "verdict", "speedup", "lo", "hi", "at_most", "further",
                                "min_gain", "why", "levelled")} | {"configuration": name, "source": source}
-    how = howto_for_instance(inst, n_ctx) if inst is not None and r["verdict"] == SPECULATE else None
+    how = howto(inst, n_ctx) if inst is not None and r["verdict"] == SPECULATE else None
     a |= {"server": how and how.server, "speculative_simple": how and how.speculative_simple,
           "python": how and how.python, "note": " ".join(x for x in (note, how.note) if x) if how else ""}
-    x = exact.row(0, named=True) if len(exact) and how and rule_differs(inst.draft, inst.policy, inst.verify) \
+    x = exact.row(0, named=True) if len(exact) and how and rule_differs(inst) \
         else None
     # "instance": the plan.Instance the answer names, for every verdict (harness crosscheck runs it in
     # llama-server); not exported (answer_frame drops it)

@@ -80,9 +80,18 @@ def agreement_section(data: dict[str, pl.DataFrame]) -> list[str]:
     c = _frame(data)
     if c is None or not len(c):
         return []
-    a = agreement(list(c.filter(pl.col("draft") != "none").iter_rows(named=True)))
+    line = agreement_line(list(c.filter(pl.col("draft") != "none").iter_rows(named=True)))
+    return ["## Concurrent requests: predicted against measured", "",
+            "The predicted column of the report's concurrent requests, against the measured speedup.", "", line,
+            ""] if line else []
+
+
+def agreement_line(rows: list[dict]) -> str:
+    """The agreement of rows' predictions with their measured speedups, beside their timing floor ("" without a
+    prediction)."""
+    a = agreement(rows)
     if not a["predicted_of"]:
-        return []
+        return ""
     line = f"Predicted within 10% of the measured speedup in {a['predicted']} of {a['predicted_of']} row(s)."
     if a["twice_of"]:
         line += (f" The same plain work timed twice (each row's plain twins against the plain baseline "
@@ -91,8 +100,7 @@ def agreement_section(data: dict[str, pl.DataFrame]) -> list[str]:
                  "move that much by themselves.")
         if a["twice"] < a["twice_of"]:
             line += " Longer rows (a larger `--max-tokens` or `--repeat`) move less."
-    return ["## Concurrent requests: predicted against measured", "",
-            "The predicted column of the report's concurrent requests, against the measured speedup.", "", line, ""]
+    return line
 
 
 def _kv(c: pl.DataFrame) -> list[str]:

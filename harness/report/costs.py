@@ -20,7 +20,7 @@ def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     from harness.analysis.predict import costs_at as measured_at
     from harness.calibrate import costs_at
     from harness.engine import EngineConfig
-    from harness.drafting import parse_ngram
+    from harness.specs import parse_draft
     oh = overhead_per_row(r)
     # the plain twins' ms per token, less the loop's own cost of its row: Costs.step_ms(0) adds it back
     plain_ms = 1 / r["ref_tokens_per_ms"] - oh if r["ref_tokens_per_ms"] else None
@@ -31,7 +31,7 @@ def _costs_for(r: dict, run_dir: Path, measured: dict | None):
             # the draft what was measured, interpolated to the row's context
             return replace(costs, target_ms=[plain_ms, *costs.target_ms[1:]])
     else:
-        draft = None if parse_ngram(r["draft"]) is not None else r["draft"]
+        draft = parse_draft(r["draft"]).model
         # the calibration is interpolated to the mean tokens in the cache during generation: costs grow with it
         costs = costs_at(run_dir / "calibration", r["target"], draft,
                          EngineConfig(threads=r["threads"]).resolved_threads(), r["ngl"], r["ngl_draft"], r["context"],

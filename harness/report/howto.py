@@ -61,80 +61,72 @@ def _sampling(pol: Policy) -> list[str]:
             "--min-p", _num(pol.min_p), "-s", str(pol.seed)]
 
 
-def _context(target: str, *, ngl: int, threads: int, cache_k: str, cache_v: str, flash_attn: str, ubatch: int,
-             n_ctx: int) -> list[str]:
-    args = ["-m", target, "-ngl", str(ngl), "-c", str(n_ctx)]
-    if threads:
-        args += ["-t", str(threads)]
-    if cache_k != "f16":
-        args += ["-ctk", cache_k]
-    if cache_v != "f16":
-        args += ["-ctv", cache_v]
-    if flash_attn != "auto":  # llama.cpp's default is auto; the draft's context inherits it, as in the harness
-        args += ["-fa", flash_attn]
-    if ubatch != DEFAULT_UBATCH:
-        args += ["-ub", str(ubatch)]
+def _context(target: str, inst, n_ctx: int) -> list[str]:
+    args = ["-m", target, "-ngl", str(inst.ngl), "-c", str(n_ctx)]
+    if inst.threads:
+        args += ["-t", str(inst.threads)]
+    if inst.cache_k != "f16":
+        args += ["-ctk", inst.cache_k]
+    if inst.cache_v != "f16":
+        args += ["-ctv", inst.cache_v]
+    if inst.flash_attn != "auto":  # llama.cpp's default is auto; the draft's context inherits it, as in the harness
+        args += ["-fa", inst.flash_attn]
+    if inst.ubatch != DEFAULT_UBATCH:
+        args += ["-ub", str(inst.ubatch)]
     return args
 
 
-def _draft_args(draft: str, gamma: int, *, p_min: float, n_min: int, ngl_draft: int, threads: int,
-                cache_k_draft: str, cache_v_draft: str) -> list[str]:
-    args = ["--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-n-max", str(gamma),
-            "--spec-draft-p-min", _num(p_min)]
-    if n_min:  # llama.cpp's default is 0, as the harness's
-        args += ["--spec-draft-n-min", str(n_min)]
-    args += ["--spec-draft-ngl", str(ngl_draft)]
-    if threads:  # the draft runs on the target's threads in the harness; llama.cpp's default is the same
-        args += ["--spec-draft-threads", str(threads)]
-    if cache_k_draft != "f16":
-        args += ["--spec-draft-type-k", cache_k_draft]
-    if cache_v_draft != "f16":
-        args += ["--spec-draft-type-v", cache_v_draft]
+def _draft_args(draft: str, inst) -> list[str]:
+    args = ["--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-n-max", str(inst.gamma),
+            "--spec-draft-p-min", _num(inst.p_min)]
+    if inst.n_min:  # llama.cpp's default is 0, as the harness's
+        args += ["--spec-draft-n-min", str(inst.n_min)]
+    args += ["--spec-draft-ngl", str(inst.ngl_draft)]
+    if inst.threads:  # the draft runs on the target's threads in the harness; llama.cpp's default is the same
+        args += ["--spec-draft-threads", str(inst.threads)]
+    if inst.cache_k_draft != "f16":
+        args += ["--spec-draft-type-k", inst.cache_k_draft]
+    if inst.cache_v_draft != "f16":
+        args += ["--spec-draft-type-v", inst.cache_v_draft]
     return args
 
 
-def _python(target: str, n: int, gamma: int, pol: Policy, *, ngl: int, threads: int, cache_k: str, cache_v: str,
-            flash_attn: str, ubatch: int, n_ctx: int) -> str:
-    kw = [f"model_path={target!r}", f"n_ctx={n_ctx}", f"n_gpu_layers={ngl}"]
-    if threads:
-        kw += [f"n_threads={threads}", f"n_threads_batch={threads}"]
-    if ubatch != DEFAULT_UBATCH:
-        kw.append(f"n_ubatch={ubatch}")
-    if flash_attn != "auto":
-        kw.append(f"flash_attn={flash_attn == 'on'}")
-    for key, t in (("type_k", cache_k), ("type_v", cache_v)):
+def _python(target: str, inst, n_ctx: int) -> str:
+    pol = inst.policy
+    kw = [f"model_path={target!r}", f"n_ctx={n_ctx}", f"n_gpu_layers={inst.ngl}"]
+    if inst.threads:
+        kw += [f"n_threads={inst.threads}", f"n_threads_batch={inst.threads}"]
+    if inst.ubatch != DEFAULT_UBATCH:
+        kw.append(f"n_ubatch={inst.ubatch}")
+    if inst.flash_attn != "auto":
+        kw.append(f"flash_attn={inst.flash_attn == 'on'}")
+    for key, t in (("type_k", inst.cache_k), ("type_v", inst.cache_v)):
         if t != "f16":
             kw.append(f"{key}={GGML_TYPES[t]}")
-    kw.append(f"draft_model=LlamaPromptLookupDecoding(max_ngram_size={n}, num_pred_tokens={gamma})")
+    kw.append(f"draft_model=LlamaPromptLookupDecoding(max_ngram_size={inst.draft.ngram}, "
+              f"num_pred_tokens={inst.gamma})")
     samp = ("temperature=0.0" if pol.greedy else f"temperature={pol.temperature!r}, top_k={pol.top_k}, "
             f"top_p={pol.top_p!r}, min_p={pol.min_p!r}, seed={pol.seed}")
     lines = ["from llama_cpp import Llama", "from llama_cpp.llama_speculative import LlamaPromptLookupDecoding", ""]
-    if flash_attn == "auto":
+    if inst.flash_attn == "auto":
         lines.append("# flash attention: Llama() takes on or off only (default off); the harness ran llama.cpp's auto")
     lines += ["llm = Llama(" + ", ".join(kw) + ")", f"out = llm.create_completion(PROMPT, max_tokens=None, {samp})"]
     return "\n".join(lines)
 
 
-def howto(target: str, draft: str, gamma: int, policy: dict | Policy, *, p_min: float = 0.0, n_min: int = 0,
-          ngl: int = 0, ngl_draft: int = 0, threads: int = 0, cache_k: str = "f16", cache_v: str = "f16",
-          cache_k_draft: str = "f16", cache_v_draft: str = "f16", flash_attn: str = "auto", ubatch: int = 512,
-          parallel: int = 1, kv_unified: bool = False, adaptive: bool = False, n_ctx: int = 2048,
-          verify: str = "leviathan", catalog: dict | None = None) -> HowTo:
-    """The commands that run `draft` (a model, "ngram:N", or "none") against `target` at draft length `gamma`
-    under `policy` (a Policy or its as_dict()), with the harness's settings of the same names (plan.Instance)."""
-    from harness.drafting import parse_ngram
-    pol = policy if isinstance(policy, Policy) else Policy(**policy)
-    tpath = model_path(target, catalog)
-    ctx = _context(tpath, ngl=ngl, threads=threads, cache_k=cache_k, cache_v=cache_v, flash_attn=flash_attn,
-                   ubatch=ubatch, n_ctx=n_ctx)
-    server = ["llama-server", *ctx, "-np", str(parallel), *(["-kvu"] if kv_unified else [])]
+def howto(inst, n_ctx: int, catalog: dict | None = None) -> HowTo:
+    """The commands that run a configuration of the plan (plan.Instance) at the run's n_ctx, with the harness's
+    settings of the same names."""
+    pol, draft, gamma = inst.policy, inst.draft, inst.gamma
+    tpath = model_path(inst.target, catalog)
+    server = ["llama-server", *_context(tpath, inst, n_ctx), "-np", str(inst.parallel),
+              *(["-kvu"] if inst.kv_unified else [])]
     notes = []
-    if adaptive:
+    if inst.adaptive:
         notes.append(f"llama.cpp has no adaptive draft length: {gamma}, the harness's longest, is fixed here.")
-    if draft == "none":
+    if draft.plain:
         return HowTo(shlex.join(server + _sampling(pol)), None, None, "plain decoding: no speculative flags.")
-    n = parse_ngram(draft)
-    if n is not None:
+    if n := draft.ngram:
         # llama-server's ngram-simple: the latest earlier match of the last n tokens, as the harness's lookup
         server += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(n),
                    "--spec-ngram-simple-size-m", str(gamma)]
@@ -142,36 +134,22 @@ def howto(target: str, draft: str, gamma: int, policy: dict | Policy, *, p_min: 
         notes += [f"llama-server's ngram-simple drops a continuation shorter than {n} tokens.",
                   f"LlamaPromptLookupDecoding tries n-grams from {n} down to 1 and takes the earliest match; the "
                   f"harness takes the latest match of exactly {n}."]
-        py = _python(tpath, n, gamma, pol, ngl=ngl, threads=threads, cache_k=cache_k, cache_v=cache_v,
-                     flash_attn=flash_attn, ubatch=ubatch, n_ctx=n_ctx)
-        return HowTo(shlex.join(server + _sampling(pol)), None, py, " ".join(notes))
-    spec = _draft_args(model_path(draft, catalog), gamma, p_min=p_min, n_min=n_min, ngl_draft=ngl_draft,
-                       threads=threads, cache_k_draft=cache_k_draft, cache_v_draft=cache_v_draft)
-    simple = ["llama-speculative-simple", *ctx, *spec, *_sampling(pol)]
-    if rule_differs(draft, pol, verify):
+        return HowTo(shlex.join(server + _sampling(pol)), None, _python(tpath, inst, n_ctx), " ".join(notes))
+    spec = _draft_args(model_path(draft.model, catalog), inst)
+    simple = ["llama-speculative-simple", *_context(tpath, inst, n_ctx), *spec, *_sampling(pol)]
+    if rule_differs(inst):
         # common_sampler_sample_and_accept_n: the target samples each position, the draft token stays if equal
         notes.append("The harness's figure is Leviathan's rule; llama.cpp keeps a draft token only when the target "
                      "samples it (the harness's \"exact\" rule, which usually accepts less): the exact figure "
                      "carries over.")
-    if parallel > 1:
-        notes.append(f"llama-speculative-simple decodes one sequence; llama-server's -np {parallel} is the "
+    if inst.parallel > 1:
+        notes.append(f"llama-speculative-simple decodes one sequence; llama-server's -np {inst.parallel} is the "
                      "harness's parallel requests.")
     return HowTo(shlex.join(server + spec + _sampling(pol)), shlex.join(simple) + f" -p {PROMPT}", None,
                  " ".join(notes))
 
 
-def rule_differs(draft: str, policy: dict | Policy, verify: str) -> bool:
+def rule_differs(inst) -> bool:
     """Whether llama.cpp would verify this configuration by another rule than the harness measured: a sampled
     draft model under Leviathan's rule (a lookup's point-mass draft is accepted alike by both)."""
-    from harness.drafting import parse_ngram
-    pol = policy if isinstance(policy, Policy) else Policy(**policy)
-    return not pol.greedy and verify == "leviathan" and draft != "none" and parse_ngram(draft) is None
-
-
-def howto_for_instance(inst, n_ctx: int, catalog: dict | None = None) -> HowTo:
-    """howto() for a configuration of the plan (plan.Instance), at the run's n_ctx."""
-    return howto(inst.target, inst.draft, inst.gamma, inst.policy, p_min=inst.p_min, n_min=inst.n_min,
-                 ngl=inst.ngl, ngl_draft=inst.ngl_draft, threads=inst.threads, cache_k=inst.cache_k,
-                 cache_v=inst.cache_v, cache_k_draft=inst.cache_k_draft, cache_v_draft=inst.cache_v_draft,
-                 flash_attn=inst.flash_attn, ubatch=inst.ubatch, parallel=inst.parallel, kv_unified=inst.kv_unified,
-                 adaptive=inst.adaptive, n_ctx=n_ctx, verify=inst.verify, catalog=catalog)
+    return not inst.policy.greedy and inst.verify == "leviathan" and inst.draft.model is not None

@@ -15,7 +15,6 @@ from harness.report.costs import cost_model
 from harness.report.verdicts import LEVEL_BASELINE, noise_frame, replay_levels, verdicts, verdicts_frame
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records,
                             ok_units, read_plan)
-from harness.sampling import Policy
 
 BASE_KEYS = ["target", "policy", "ngl", "threads", "setup", "category"]
 
@@ -23,14 +22,14 @@ BASE_KEYS = ["target", "policy", "ngl", "threads", "setup", "category"]
 def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
     rows = []
     for d in plan["instances"]:
-        inst = Instance(**d)
+        inst = Instance.from_dict(d)
         res = results.get(inst.id, {})
         rows.append({"config": inst.id, "target": inst.target, "setup": inst.setup, "cache_k": inst.cache_k,
                      "cache_v": inst.cache_v, "flash_attn": inst.flash_attn, "ubatch": inst.ubatch,
-                     "draft": inst.draft, "draft_label": inst.draft_label,
+                     "draft": str(inst.draft), "draft_label": inst.draft_label,
                      "verify": inst.verify, "p_min": inst.p_min, "n_min": inst.n_min, "gamma": inst.gamma,
                      "adaptive": inst.adaptive, "gamma_label": inst.gamma_label,
-                     "policy": Policy(**inst.policy).label, "ngl": inst.ngl, "ngl_draft": inst.ngl_draft,
+                     "policy": inst.policy.label, "ngl": inst.ngl, "ngl_draft": inst.ngl_draft,
                      "threads": inst.threads, "parallel": inst.parallel, "kv_unified": inst.kv_unified,
                      "status": res.get("status", "not run"),
                      "error": res.get("error", ""), "peak_rss_bytes": res.get("peak_rss_bytes"),
@@ -201,7 +200,7 @@ def pool_sizes(plan: dict) -> dict[str, int]:
     if "pool_sizes" in plan:
         return plan["pool_sizes"]
     sizes: dict[str, int] = {}
-    for p in prompt_pool(Params(**plan["params"]), plan.get("categories")):
+    for p in prompt_pool(Params.from_dict(plan["params"]), plan.get("categories")):
         sizes[p.category] = sizes.get(p.category, 0) + 1
     return sizes
 
