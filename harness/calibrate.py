@@ -198,17 +198,6 @@ def _poolable(a: dict, b: dict) -> bool:
     return "target_times_by_context" in a and "target_times_by_context" in b and a["contexts"] == b["contexts"]
 
 
-def at_context(cal: dict, context: float, key: str = "ms_by_context") -> list[float]:
-    """Decode cost of k = 1..k_max tokens with `context` tokens cached: linear between the measured contexts."""
-    xs, rows = cal["contexts"], cal[key]
-    if context <= xs[0]:
-        return rows[0]
-    if context >= xs[-1]:
-        return rows[-1]
-    w = (context - xs[0]) / (xs[-1] - xs[0])
-    return [a + w * (b - a) for a, b in zip(rows[0], rows[-1])]
-
-
 def save(cal: dict, root: Path = CAL_DIR) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     p = cal_path(cal["model"], cal["threads"], cal["ngl"], root)
@@ -225,15 +214,16 @@ def costs_at(cal_dir: Path, target: str, draft: str | None, threads: int, ngl: i
              context: float, overhead_ms_per_row: float = 0.0):
     """costmodel.Costs from the calibrations in cal_dir at `context` cached tokens; draft None is a proposer
     without a model (n-gram). None when a needed calibration is missing."""
-    from harness.costmodel import Costs
+    from harness.costmodel import Costs, at_context
     t = load(target, threads, ngl, cal_dir)
     d = load(draft, threads, ngl_draft, cal_dir) if draft else None
     if t is None or (draft and d is None):
         return None
     # a draft decodes with the last row's logits only; calibrations from before that was measured have all
-    curve = at_context(d, context, "ms_last_by_context" if "ms_last_by_context" in d else "ms_by_context") \
-        if d else []
-    return Costs(at_context(t, context), curve[0] if curve else 0.0, overhead_ms_per_row, draft_curve=tuple(curve))
+    curve = at_context(d["contexts"], d["ms_last_by_context" if "ms_last_by_context" in d else "ms_by_context"],
+                       context) if d else []
+    return Costs(at_context(t["contexts"], t["ms_by_context"], context), curve[0] if curve else 0.0,
+                 overhead_ms_per_row, draft_curve=tuple(curve))
 
 
 def table_rows(cal: dict) -> list[list]:

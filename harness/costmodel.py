@@ -9,6 +9,30 @@ from harness.errors import HarnessError
 from harness.gamma import gamma_cap, require_fits_batch
 
 
+def at_context(contexts: list[float], rows: list[list[float]], context: float) -> list[float]:
+    """Costs measured at `contexts` cached tokens (a row of ms by k each), at `context`: linear between the first
+    and the last, the nearest outside them. Every reader of a costs record interpolates here."""
+    if not rows or not rows[0]:
+        return []
+    xs = contexts
+    if len(xs) == 1 or context <= xs[0]:
+        return list(rows[0])
+    if context >= xs[-1]:
+        return list(rows[-1])
+    w = (context - xs[0]) / (xs[-1] - xs[0])
+    return [a + w * (b - a) for a, b in zip(rows[0], rows[-1])]
+
+
+def record_curves(rec: dict, context: float) -> tuple[list[float], list[float]]:
+    """(the target's ms by k, the draft's ms by k; empty without a draft model) of a sequential costs record (a
+    worker's, the replay's) at `context`. The one reader of their formats: a record from before two contexts were
+    measured holds one context's target_ms and draft_ms."""
+    if "target_ms" in rec:
+        return list(rec["target_ms"]), list(rec.get("draft_ms") or [])
+    return (at_context(rec["contexts"], rec["target_ms_by_context"], context),
+            at_context(rec["contexts"], rec.get("draft_ms_by_context") or [], context))
+
+
 def expected_tokens(alpha, gamma: int):
     """E[tokens per step] = (1 - alpha^(gamma+1)) / (1 - alpha): accepted drafts plus the correction/bonus.
     Summed as the series, so alpha = 1 and numpy arrays of alpha need no special case."""
@@ -44,8 +68,8 @@ class Costs:
 
     def overhead(self, rows: int) -> float:
         """The loop's own cost of a step that verified `rows` logits rows (its drafts and one more): it grows with
-        the rows, each checked and sampled in Python (docs/findings/cost-model.md). Every price of a step calls
-        this, so that the model, the replay and the adaptive controller charge a step alike."""
+        the rows, each checked and sampled in Python (docs/findings/harness-self-prediction.md). Every price of a
+        step calls this, so that the model, the replay and the adaptive controller charge a step alike."""
         return rows * self.overhead_ms_per_row
 
     def step_ms(self, gamma: int, alpha: float = 0.0) -> float:

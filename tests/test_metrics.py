@@ -57,10 +57,12 @@ def test_acceptance_by_target_confidence_over_positions_reached():
 def test_calibration_is_interpolated_linearly_between_contexts_and_held_beyond(tmp_path):
     import json
 
-    from harness.calibrate import at_context, costs_at
+    from harness.calibrate import costs_at
+    from harness.costmodel import at_context
     cal = {"contexts": [128, 1024], "ms_by_context": [[10.0, 16.0, 20.0], [14.0, 24.0, 32.0]]}
-    assert at_context(cal, 64) == [10.0, 16.0, 20.0] and at_context(cal, 4096) == [14.0, 24.0, 32.0]
-    assert at_context(cal, 576) == pytest.approx([12.0, 20.0, 26.0])  # halfway
+    xs, rows = cal["contexts"], cal["ms_by_context"]
+    assert at_context(xs, rows, 64) == [10.0, 16.0, 20.0] and at_context(xs, rows, 4096) == [14.0, 24.0, 32.0]
+    assert at_context(xs, rows, 576) == pytest.approx([12.0, 20.0, 26.0])  # halfway
     for name, ms in (("t", cal["ms_by_context"]), ("d", [[2.0, 3.0, 3.5], [4.0, 5.0, 5.5]])):
         (tmp_path / f"{name}-t2-ngl0.json").write_text(json.dumps({"contexts": [128, 1024], "ms_by_context": ms}))
     c = costs_at(tmp_path, "t", "d", 2, 0, 0, 576, overhead_ms_per_row=0.5)

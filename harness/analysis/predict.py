@@ -14,7 +14,7 @@ import polars as pl
 
 from harness.analysis.intervals import REPLICATES, Generation, Row, row_intervals, step_matrix, widened
 from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, replay_step, step_ms
-from harness.costmodel import AdaptiveGamma, Costs
+from harness.costmodel import AdaptiveGamma, Costs, record_curves
 from harness.drafting import Drafting, ngram_lookup
 from harness.specs import parse_draft
 
@@ -38,15 +38,7 @@ def costs_at(rec: dict, context: float, plain_ms: float | None, overhead_ms_per_
     plain decoding measured per decode (plain_decode_ms; less the loop's overhead of its one row), where known: the
     plain twins ran on the real prompts, seconds from the rows; the verification blocks and the draft's decodes
     cost what was measured (or draws of it: cost_draws)."""
-    if "target_ms" in rec:  # a record from before two contexts were measured
-        rec = rec | {"contexts": [rec["context"]], "target_ms_by_context": [rec["target_ms"]],
-                     "draft_ms_by_context": [rec.get("draft_ms") or []]}
-    xs = rec["contexts"]
-    w = 0.0 if len(xs) == 1 or context <= xs[0] else 1.0 if context >= xs[-1] else (context - xs[0]) / (xs[-1] - xs[0])
-
-    def at(rows):
-        return [a + w * (b - a) for a, b in zip(rows[0], rows[-1])] if rows and rows[0] else []
-    t, d = at(rec["target_ms_by_context"]), at(rec.get("draft_ms_by_context") or [])
+    t, d = record_curves(rec, context)
     oh = rec.get("overhead_ms", 0.0) if overhead_ms_per_row is None else overhead_ms_per_row
     costs = Costs(t, d[0] if d else 0.0, oh, draft_curve=tuple(d))
     if plain_ms:

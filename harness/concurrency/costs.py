@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.costmodel import expected_tokens
+from harness.costmodel import expected_tokens, record_curves
 
 
 @dataclass(frozen=True)
@@ -129,14 +129,12 @@ def from_record(rec: dict, context: float, gamma: int, parallel: int) -> BatchCo
         return BatchCosts(tuple(rec["seqs"]), tuple(rec["plain_ms"]), tuple(rec["verify_ms"]),
                           tuple(rec.get("draft_ms") or ()), rec.get("block", gamma + 1),
                           tuple(rec.get("draft_catch_up_ms") or ()))
-    xs = rec["contexts"]
-    w = 0.0 if len(xs) == 1 or context <= xs[0] else 1.0 if context >= xs[-1] else (context - xs[0]) / (xs[-1] - xs[0])
+    target, draft = record_curves(rec, context)
 
-    def curve(rows, ks):
-        ys = [a + w * (b - a) for a, b in zip(rows[0], rows[-1])] if rows and rows[0] else []
+    def curve(ys, ks):
         return (lambda k: float(np.interp(k, ks, ys)) if k <= ks[-1] else ys[-1] * k / ks[-1]) if ys else None
-    t = curve(rec["target_ms_by_context"], rec.get("ks") or list(range(1, rec["k"] + 1)))
-    d = curve(rec.get("draft_ms_by_context") or [], rec.get("draft_ks") or list(range(1, rec["k"] + 1)))
+    t = curve(target, rec.get("ks") or list(range(1, len(target) + 1)))
+    d = curve(draft, rec.get("draft_ks") or list(range(1, len(draft) + 1)))
     seqs = tuple(sorted({1, parallel}))
     return BatchCosts(seqs, tuple(t(m) for m in seqs), tuple(t(m * (gamma + 1)) for m in seqs),
                       tuple(d(m) for m in seqs) if d else (), gamma + 1)
