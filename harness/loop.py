@@ -3,9 +3,9 @@ path with gamma = 0. Each step becomes one trace record; each generation one mor
 
 A sequence's step after the target's decode (`advance`) is shared with the slots loop (concurrency/loop.py).
 Not one slot of it: this one takes any Proposer, the adaptive controller, the prompt cache and the single-sequence
-decode that runs at llama-bench's speed; that one needs sequence ids and its own batched draft. With one slot it
-speculates 5% slower (benchmarks/experiments/bench_loops.py, docs/findings/harness-self-prediction.md), so the two
-stay apart."""
+decode that runs at llama-bench's speed; that one needs sequence ids and its own batched draft. With one slot it now
+runs at the same speed (ratios 0.996-1.007, docs/findings/harness-self-prediction.md "The engine"): what keeps the
+two apart is only what the slots loop lacks (the n-gram proposer, the adaptive controller, the prompt cache)."""
 from __future__ import annotations
 
 import time
