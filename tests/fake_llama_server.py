@@ -2,17 +2,22 @@
 /completion on 127.0.0.1 with canned timings. It is started the way crosscheck starts the real one (through a
 wrapper script the test writes, given as --llama-server), and told what to do by the environment:
 
-- FAKE_SERVER_MODE: ok (default); exit (print an error, exit 3 at once); silent (never answers /health).
+- FAKE_SERVER_MODE: ok (default); exit (print an error, exit 3 at once); silent (never answers /health);
+  notimings (answers /completion without timings).
 - FAKE_SERVER_SPEEDUP: the speculative server's speedup before the per-prompt factor (default 1.5).
 - FAKE_SERVER_LOG: a file to which each request appends a JSON line (role, argv, the request's body).
 - FAKE_SERVER_TIMINGS: a JSON object whose fields replace those of every response's timings (a server that
   reports what is no measurement).
+- FAKE_SERVER_DRAFTS: none makes a speculating server draft nothing (draft_n 0 on every request, at 0.99x of
+  plain), as an n-gram type does on text that never repeats.
 - FAKE_SERVER_COUNTER and FAKE_SERVER_LIMIT: requests counted across servers in that file; the one past the limit
   kills the server before it answers (a server that dies mid-run).
 
 Timings: plain predicted_ms = (n - 1) * (2 + n_prompt % 7); the speculative server's rate is the plain one's times
 speedup * factor(n_prompt), factor = 1 + 0.02 * (n_prompt % 5 - 2), so each prompt's pair has a known ratio.
-Drafts: draft_n = 10 + n_prompt % 3, draft_n_accepted = 6 + n_prompt % 2."""
+Drafts: draft_n = 10 + n_prompt % 3, draft_n_accepted = 6 + n_prompt % 2, per request. A server speculates as
+llama.cpp's does: only where --spec-type names a type other than none (a draft model alone, -md, drafts nothing),
+and a plain one reports no draft fields."""
 import json
 import os
 import sys
@@ -20,7 +25,8 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 ARGV = sys.argv[1:]
-SPEC = "--spec-type" in ARGV
+TYPES = [t for k, a in enumerate(ARGV[:-1]) if a == "--spec-type" for t in ARGV[k + 1].split(",")]
+SPEC = bool(TYPES) and "none" not in TYPES
 STARTED = time.monotonic()
 
 
@@ -33,6 +39,8 @@ def timings(n_prompt: int, n: int) -> dict:
     t = {"prompt_n": n_prompt, "prompt_ms": 1.0, "predicted_n": n}
     if not SPEC:
         return t | {"predicted_ms": float(plain_ms)}
+    if os.environ.get("FAKE_SERVER_DRAFTS") == "none":
+        return t | {"predicted_ms": plain_ms / 0.99, "draft_n": 0, "draft_n_accepted": 0}
     speedup = float(os.environ.get("FAKE_SERVER_SPEEDUP", "1.5")) * factor(n_prompt)
     return t | {"predicted_ms": plain_ms / speedup, "draft_n": 10 + n_prompt % 3, "draft_n_accepted": 6 + n_prompt % 2}
 
@@ -76,6 +84,8 @@ class Handler(BaseHTTPRequestHandler):
                 f.write(json.dumps({"role": "speculative" if SPEC else "plain", "argv": ARGV, "body": body}) + "\n")
         count()
         n_prompt, n = len(body["prompt"]), body["n_predict"]
+        if os.environ.get("FAKE_SERVER_MODE") == "notimings":
+            return self._send(200, {"content": "x", "tokens": list(range(n)), "stop_type": "limit"})
         self._send(200, {"content": "x", "tokens": list(range(n)), "stop_type": "limit",
                          "timings": reported(n_prompt, n)})
 
