@@ -354,6 +354,25 @@ def crosscheck(run_dir, **opts):
     say(crosscheck_command(Path(run_dir), **opts))
 
 
+@cli.command("server-check")
+@click.argument("command")
+@click.option("--category", default="code", show_default=True, help="The prompt category (prompts/<category>.jsonl).")
+@click.option("--per-category", type=int, default=3, show_default=True, help="Its first N prompts.")
+@click.option("--max-tokens", type=int, default=64, show_default=True, help="Tokens per request.")
+@click.option("--llama-server", "llama_server", callback=home, help="The binary to run (default: the command's own "
+              "program where that path exists, else the one `make native` built, then llama-server on PATH).")
+@click.option("--start-timeout", type=float, default=300.0, show_default=True, help="Seconds a server may take to "
+                                                                                     "load and answer /health.")
+@click.option("--request-timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
+def server_check(command, **opts):
+    """Is speculation running in COMMAND, your own llama-server command line? Runs it and its --spec-type none twin
+    on a category's prompts: whether it drafts, what it accepts and gains (95% interval). Exit 2: it drafts nothing."""
+    from harness.crosscheck.servercheck import server_check_command
+    text, code = server_check_command(command, **opts)
+    say(text)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None):
     """The console script; also callable in-process with argv (the tests do), exiting through SystemExit."""
     run_cli(cli, sys.argv[1:] if argv is None else list(argv))
