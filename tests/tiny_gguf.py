@@ -52,6 +52,7 @@ __all__ = [
     "TinyTokenizer",
     "build_tokenizer",
     "bytes_to_unicode",
+    "edit_tokenizer",
     "make_fixture_set",
     "write_tiny_model",
 ]
@@ -279,6 +280,17 @@ def build_tokenizer(variant: str | None = None, *, n_padding: int = DEFAULT_N_PA
     raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
 
 
+def edit_tokenizer(tok: TinyTokenizer, token_texts: dict[int, str] | None = None, **fields) -> TinyTokenizer:
+    """``tok`` with the text of the ids in ``token_texts`` replaced and its other fields (``bos_id``, ``eos_id``,
+    ``add_bos``, ``add_eos``, ``pre``, ``model``: the ``tokenizer.ggml.*`` keys) set from ``fields``."""
+    if token_texts:
+        tokens = list(tok.tokens)
+        for i, text in token_texts.items():
+            tokens[i] = text
+        tok = replace(tok, tokens=tuple(tokens))
+    return replace(tok, **fields) if fields else tok
+
+
 def _rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng((int(seed), zlib.crc32(name.encode())))
 
@@ -370,11 +382,14 @@ def write_tiny_model(
     rope_freq_base: float = 10000.0,
     chat_template: str | None = CHATML_TEMPLATE,
     name: str | None = None,
+    token_texts: dict[int, str] | None = None,
+    tokenizer_fields: dict | None = None,
 ) -> Path:
     """Write a tiny llama-architecture GGUF to ``path`` and return it as a ``Path``.
 
     ``dtype`` is ``"f32"`` or ``"f16"`` (2-D weights; norm vectors are always F32).
     ``n_padding`` only matters for ``variant="padding"``.
+    ``token_texts`` and ``tokenizer_fields`` edit the variant's tokenizer (see ``edit_tokenizer``).
     """
     import gguf  # local import: the tokenizer helpers work without gguf
 
@@ -386,6 +401,8 @@ def write_tiny_model(
     tok = build_tokenizer(variant, n_padding=n_padding)
     if chat_template != tok.chat_template:
         tok = replace(tok, chat_template=chat_template)
+    if token_texts or tokenizer_fields:
+        tok = edit_tokenizer(tok, token_texts, **(tokenizer_fields or {}))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
 
