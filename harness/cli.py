@@ -120,6 +120,18 @@ def check(target, draft, prompts_path, as_json):
     sys.exit(code)
 
 
+@cli.command()
+@click.argument("target")
+@click.argument("paths", nargs=-1, callback=home)
+@click.option("--json", "as_json", is_flag=True)
+def drafts(target, paths, as_json):
+    """Which GGUFs in PATHs (default: models/ and llama.cpp's, LM Studio's, Ollama's folders) can draft for TARGET:
+    llama-server's rule, the harness's check, size, rank."""
+    from harness.align import check_pair
+    from harness.models.drafts import drafts_command
+    say(drafts_command(target, list(paths), as_json, check_pair))
+
+
 @cli.command(cls=Sectioned, rest="Advanced options (docs/usage.md)", first=(  # --help's first screen
     "profile", "target", "draft", "gamma", "temp", "ngl", "ngl_draft", "threads", "categories", "per_category",
     "max_tokens", "budget_min", "out", "resume", "dry_run"))
