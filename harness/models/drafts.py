@@ -364,7 +364,7 @@ def format_survey(s: dict) -> str:
         hcell = ("ok" if h["verdict"] == ALIGNED else "not checked" if h["verdict"] is None
                  else f"ok; {head}" if h["verdict"] == WARNINGS else f"no: {head}")
         size = f"{_size(c['bytes'])} = {c['size_ratio']:.2f}x, " + ("faster" if c["plausibly_faster"] else "too big")
-        rows.append((c["rank"] or "-", _clip(c["name"], 48), size,
+        rows.append((str(c["rank"] or "-"), _clip(c["name"], 48), size,
                      "ok" if c["llama_cpp"]["ok"] else _clip(c["llama_cpp"]["clause"]), _clip(hcell)))
     if rows:
         lines.append(tabulate(rows, headers=("rank", "candidate", "size vs target", "llama-server", "harness check"),
