@@ -173,6 +173,8 @@ def generate(target: Engine, req: Request, policy: Policy, proposer=None, gamma=
         a = advance(s, logits, prop, g, policy, rule, eog, req.max_tokens, mode == "baseline", target.trim)
         if proposer is not None and s.stop != "eos":
             proposer.accepted(s.ctx, a.outcome.accepted)
+        elif proposer is not None and hasattr(proposer, "ended"):  # llama-server reports an ending step's
+            proposer.ended(a.verdict.accepted)  # acceptance too, to state that outlives the generation (llamangram)
         s3 = time.perf_counter()
         instr_total += a.instr_s
         if ctl:  # each model's first decode in a generation pays a one-off warm-up (1.5-2x): not a cost to learn

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from harness import llamangram
 from harness.drafting import Drafting
 from harness.engine import Engine, EngineConfig
 from harness.llamacpp import require_offload
 from harness.models.catalog import Model, require_present, resolve
 from harness.promptcache import PromptCache
 from harness.proposers import DraftModelProposer, NgramProposer
-from harness.specs import DraftSpec
+from harness.specs import DraftSpec, LlamaNgram
 
 
 @dataclass
@@ -49,6 +50,8 @@ def open_pair(target_ref: str, draft: DraftSpec, cfg: EngineConfig, draft_cfg: E
     pair = Pair(tm, target, draft_model=dm, alignment=alignment, prompt_cache=prompt_cache)
     if ngram is not None:
         pair.proposer = NgramProposer(ngram)
+    elif isinstance(draft, LlamaNgram):  # llama.cpp's n-gram types, ported
+        pair.proposer = llamangram.proposer(draft)
     elif dm is not None:
         try:
             pair.draft_engine = Engine(dm.path, draft_cfg)

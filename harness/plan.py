@@ -197,6 +197,7 @@ def check(p: Params) -> None:
     if any(v < 1 for v in p.ubatch):
         raise HarnessError(f"--ubatch values must be >= 1, got {min(p.ubatch)}")
     check_parallel(p)
+    _check_own_gamma(p)
     if not 0 < p.busy_threshold <= 1:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
 
@@ -220,6 +221,21 @@ def _check_n_min(p: Params) -> None:
         if low:
             raise HarnessError(f"--draft-n-min {nm} exceeds --gamma {min(low)}: a draft is at most gamma tokens and "
                                "one shorter than n-min is dropped, so it would never speculate; give n-min <= gamma")
+
+
+def _check_own_gamma(p: Params) -> None:
+    """llama.cpp's n-gram types (specs.LlamaNgram): harness.llamangram serves one sequence, the replay does not
+    price them yet, and a step verifies their longest draft in one batch."""
+    for d in p.draft:
+        if not d.own_gamma:
+            continue
+        for what, bad in (("--replay", p.replay), (f"--parallel {max(p.parallel)}", max(p.parallel) > 1)):
+            if bad:
+                raise HarnessError(f"{d} is not {'replayed' if what == '--replay' else 'served to several requests'}"
+                                   f" yet: sweep it without {what}")
+        if d.own_gamma + 1 > N_BATCH:
+            raise HarnessError(f"{d} drafts up to {d.own_gamma} tokens, verified in one batch of {N_BATCH} with the "
+                               f"last: give it at most {N_BATCH - 1}")
 
 
 def check_parallel(p: Params) -> None:
@@ -351,7 +367,7 @@ def _draftings(p: Params, draft: DraftSpec, greedy: bool) -> list[tuple[str, flo
         Drafting(v, pm, nm)  # refuses an unknown rule or a value out of range, in one line
         if greedy:
             v = "leviathan"
-        if draft.ngram:
+        if draft.model_free:
             pm, nm = 0.0, 0
         out.append((v, pm, nm))
     return list(dict.fromkeys(out))
@@ -388,8 +404,10 @@ def _expand(p: Params) -> list[Instance]:
                                                                      p.cache_type_v_draft):
             if draft.plain:
                 continue
-            if draft.ngram:  # a lookup has no KV cache of its own
+            if draft.model_free:  # a lookup has no KV cache of its own
                 ckd, cvd = "f16", "f16"
+            if draft.own_gamma:  # llama.cpp's n-gram types draft up to their own n-max (size-m), whatever the sweep's
+                g = Gamma(draft.own_gamma)
             for v, pm, nm in _draftings(p, draft, pol.greedy):
                 out.append(i := Instance(target, draft, g.n, pol, ngl, ngl_d, threads, g.adaptive, v, pm, nm,
                                          cache_k_draft=ckd, cache_v_draft=cvd, **ctx))

@@ -1,7 +1,8 @@
 """Typed specs, parsed once where the plan is expanded (or a record is read): what drafts (no draft, an n-gram
 lookup, a draft model) and how far (a fixed gamma, or adaptive up to a longest draft). Each writes itself as the
 string plan.json and the traces have always held, so runs recorded before these types read back the same.
-Further kinds (llama.cpp's other speculative types) are further DraftSpec subclasses with a parse rule here."""
+llama.cpp's model-free types that the harness ports (harness.llamangram) are LlamaNgram; further kinds are further
+DraftSpec subclasses with a parse rule here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +22,18 @@ class DraftSpec:
     def plain(self) -> bool:
         return False
 
+    @property
+    def model_free(self) -> bool:
+        """A proposer with no model: no KV cache of its own, no probabilities for p-min to test, no n-min of the
+        draft model's kind (the harness's lookup, llama.cpp's n-gram types)."""
+        return not self.plain and self.model is None
+
+    @property
+    def own_gamma(self) -> int | None:
+        """The longest draft where the proposer sets it itself (llama.cpp's n-gram types: their n-max or size-m),
+        which a sweep's gammas do not replace; None where the gamma is the sweep's."""
+        return None
+
 
 @dataclass(frozen=True)
 class NoDraft(DraftSpec):
@@ -36,7 +49,8 @@ class NoDraft(DraftSpec):
 
 @dataclass(frozen=True)
 class NGram(DraftSpec):
-    """Prompt lookup: drafts copied from the context's latest earlier occurrence of its last n-gram."""
+    """Prompt lookup, llama-cpp-python's kind (LlamaPromptLookupDecoding): drafts copied from the context's latest
+    earlier occurrence of its last n-gram. Not llama.cpp's ngram-simple, which LlamaNgram ports."""
     ngram: int = 3
 
     def __str__(self) -> str:
@@ -52,14 +66,98 @@ class DraftModel(DraftSpec):
         return self.model
 
 
+# llama.cpp's model-free types the harness ports (harness.llamangram): each flag (--spec-<type>-<flag>) with its
+# default (common/common.h) and arg.cpp's lowest value, in arg.cpp's order. The largest value: arg.cpp's 1024.
+LLAMA_NGRAM = {
+    "ngram-simple": (("size-n", 12, 1), ("size-m", 48, 1), ("min-hits", 1, 1)),
+    "ngram-map-k": (("size-n", 12, 1), ("size-m", 48, 1), ("min-hits", 1, 1)),
+    "ngram-map-k4v": (("size-n", 12, 1), ("size-m", 48, 1), ("min-hits", 1, 1)),
+    "ngram-mod": (("n-match", 24, 1), ("n-max", 64, 0), ("n-min", 48, 0)),
+}
+NOT_PORTED = ("ngram-cache",)  # llama.cpp's other model-free type
+
+
+@dataclass(frozen=True)
+class LlamaNgram(DraftSpec):
+    """One of llama.cpp's model-free speculative types (llama-server's --spec-type), as the harness ports them:
+    `kind` as llama.cpp names it, `params` every flag's value (defaults filled in) in arg.cpp's order. Written
+    'ngram-mod', 'ngram-mod:n-max=16:n-min=4': the kind, then each flag away from its default, ':'-separated."""
+    kind: str = "ngram-mod"
+    params: tuple[tuple[str, int], ...] = ()
+
+    def __str__(self) -> str:
+        defaults = {k: d for k, d, _ in LLAMA_NGRAM[self.kind]}
+        return self.kind + "".join(f":{k}={v}" for k, v in self.params if v != defaults[k])
+
+    @property
+    def values(self) -> dict[str, int]:
+        return dict(self.params)
+
+    @property
+    def own_gamma(self) -> int:
+        return self.values["n-max" if self.kind == "ngram-mod" else "size-m"]
+
+    @classmethod
+    def make(cls, kind: str, **given: int) -> LlamaNgram:
+        """The spec of `kind` with these flags (underscores for hyphens), the rest at llama.cpp's defaults."""
+        return _llama_ngram(kind, {k.replace("_", "-"): v for k, v in given.items()}, kind)
+
+
+def _llama_ngram(kind: str, given: dict, text: str) -> LlamaNgram:
+    flags = LLAMA_NGRAM[kind]
+    unknown = set(given) - {k for k, _, _ in flags}
+    if unknown:
+        raise HarnessError(f"--draft {text}: {kind} has no flag {sorted(unknown)[0]} (its flags: "
+                           f"{', '.join(k for k, _, _ in flags)})")
+    params = []
+    for k, default, low in flags:
+        v = given.get(k, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1024:
+            raise HarnessError(f"--draft {text}: {kind}'s {k} must be an integer from {low} to 1024, got {v!r}")
+        params.append((k, v))
+    if kind == "ngram-mod" and dict(params)["n-max"] == 0:
+        raise HarnessError(f"--draft {text}: ngram-mod with n-max 0 never drafts")
+    return LlamaNgram(kind, tuple(params))
+
+
+def _parse_llama(text: str) -> LlamaNgram:
+    kind, *parts = text.split(":")
+    if kind in NOT_PORTED:
+        raise HarnessError(f"--draft {text}: llama.cpp's {kind} is not ported to the harness (ported: "
+                           f"{', '.join(LLAMA_NGRAM)})")
+    given: dict[str, int] = {}
+    for part in parts:
+        k, eq, v = part.partition("=")
+        k = k.strip().replace("_", "-")
+        if not eq or not k or k in given:
+            raise HarnessError(f"--draft {text}: write {kind}'s flags once each as flag=N, ':'-separated "
+                               f"(e.g. {kind}:{LLAMA_NGRAM[kind][0][0]}=N)")
+        try:
+            given[k] = int(v)
+        except ValueError:
+            raise HarnessError(f"--draft {text}: {kind}'s {k} must be an integer, got {v!r}") from None
+    return _llama_ngram(kind, given, text)
+
+
 def parse_draft(text) -> DraftSpec:
-    """'none', 'ngram' / 'ngram:N', or a model's name or path; a spec already parsed passes through."""
+    """'none', 'ngram' / 'ngram:N' (the harness's prompt lookup), one of llama.cpp's n-gram types ('ngram-mod',
+    'ngram-simple:size-n=3:size-m=8', ...: LlamaNgram), or a model's name or path; a spec already parsed passes
+    through."""
     if isinstance(text, DraftSpec):
         return text
     if not isinstance(text, str) or not text.strip():
-        raise HarnessError(f"--draft: cannot read {text!r} (a model name or path, ngram:N, or none)")
+        raise HarnessError(f"--draft: cannot read {text!r} (a model name or path, ngram:N, ngram-mod, or none)")
     if text == NONE:
         return NoDraft()
+    head = text.split(":")[0]
+    if head in LLAMA_NGRAM or head in NOT_PORTED:
+        return _parse_llama(text)
+    if "=" in head and ":" not in text:  # a flag cut off its type by a comma list
+        raise HarnessError(f"--draft {text}: separate an n-gram type's flags with ':', not ',' "
+                           "(e.g. ngram-mod:n-max=16:n-min=4)")
+    if head.startswith("ngram-") and "/" not in text and not text.endswith(".gguf"):
+        raise HarnessError(f"--draft {text}: no n-gram type {head} (llama.cpp's, ported: {', '.join(LLAMA_NGRAM)}; "
+                           "the harness's prompt lookup: ngram:N)")
     if text.startswith("ngram"):
         _, _, n = text.partition(":")
         try:

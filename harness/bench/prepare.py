@@ -121,7 +121,7 @@ def models_info(names: set[str]) -> dict[str, dict]:
     out = {}
     from harness.specs import parse_draft
     for n in sorted(names):
-        if parse_draft(n).ngram:
+        if parse_draft(n).model_free:
             out[n] = {"quant": "", "bytes": 0, "sha256": "", "note": "n-gram lookup (no model)"}
             continue
         m = resolve(n)

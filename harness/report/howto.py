@@ -1,6 +1,7 @@
 """How to run a recommended configuration outside the harness: llama-server's and llama-speculative-simple's
 command lines for a draft model, llama-cpp-python's prompt lookup (and llama-server's ngram-simple) for an
-n-gram proposer. Pure: it builds strings; nothing is run or loaded.
+n-gram proposer, llama-server's --spec-type with every flag of the type for llama.cpp's n-gram types
+(specs.LlamaNgram). Pure: it builds strings; nothing is run or loaded.
 
 Flags are spelled as the llama.cpp vendored in llama-cpp-python 0.3.36 parses them (common/arg.cpp), each by
 the first name arg.cpp lists; tests/data/llama_cpp_0.3.36_flags.txt holds that parser's flags.
@@ -24,6 +25,7 @@ import shlex
 from dataclasses import dataclass
 
 from harness.sampling import Policy
+from harness.specs import LlamaNgram
 
 DEFAULT_UBATCH = 512  # llama.cpp's -ub default, and the harness's
 PROMPT = '"$PROMPT"'  # llama-speculative-simple decodes one prompt: the user's, from the shell
@@ -135,6 +137,13 @@ def howto(inst, n_ctx: int, catalog: dict | None = None) -> HowTo:
                   f"LlamaPromptLookupDecoding tries n-grams from {n} down to 1 and takes the earliest match; the "
                   f"harness takes the latest match of exactly {n}."]
         return HowTo(shlex.join(server + _sampling(pol)), None, _python(tpath, inst, n_ctx), " ".join(notes))
+    if isinstance(draft, LlamaNgram):  # every flag of the type, defaults too, as the harness ran them
+        server += ["--spec-type", draft.kind]
+        server += [x for k, v in draft.params for x in (f"--spec-{draft.kind}-{k}", str(v))]
+        if draft.kind != "ngram-simple":  # the others keep state from request to request
+            notes.append(f"llama-server keeps {draft.kind}'s state from request to request for as long as it runs; "
+                         "the harness kept it across one configuration's prompts, as one server per configuration.")
+        return HowTo(shlex.join(server + _sampling(pol)), None, None, " ".join(notes))
     spec = _draft_args(model_path(draft.model, catalog), inst)
     simple = ["llama-speculative-simple", *_context(tpath, inst, n_ctx), *spec, *_sampling(pol)]
     if rule_differs(inst):
