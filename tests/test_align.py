@@ -1,5 +1,5 @@
 """Tokenizer alignment (harness/align.py): tiny generated GGUF pairs that differ in exactly one thing,
-real model pairs (skipped when the file is absent), and bad input."""
+real model pairs (skipped when the file is absent), bad input, and `harness check` from the command line."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,8 @@ from tests.tiny_gguf import build_tokenizer, make_fixture_set
 from harness import align
 from harness.errors import HarnessError
 from harness.prompts import Prompt
+from tests.helpers import harness, one_line_error
+from tests.conftest import D, T
 
 pytestmark = pytest.mark.model
 
@@ -272,3 +274,22 @@ def test_smollm2_aligned(draft):
     r = _real(SMOL, draft)
     assert r["verdict"] == align.ALIGNED, r["reasons"] + r["warnings"]
     assert r["round_trip"]["mismatched"] == 0
+
+
+# -- `harness check` from the command line, and a misaligned pair refused before loading
+def test_check_cli_verdicts(smol, smol_q2k):
+    r = harness("check", T, D)
+    assert r.returncode == 0 and "ALIGNED" in r.stdout
+    r = harness("check", T, D, "--json")
+    assert json.loads(r.stdout)["verdict"] == "ALIGNED"
+
+
+def test_misaligned_pair_is_refused_before_loading(smol, tiny_set, tmp_path):
+    """Runs everywhere (the Gemma case above needs the Gemma file): a generated GGUF with its own tokenizer."""
+    r = harness("run", T, "--draft", str(tiny_set["a"]), "--prompt", "hi")
+    one_line_error(r, "not aligned")
+    assert r.returncode == 2
+    r = harness("bench", "--target", T, "--draft", str(tiny_set["a"]), "--categories", "code",
+                "--per-category", "1", "--out", str(tmp_path / "runs"))
+    one_line_error(r, "not aligned")
+    assert r.returncode == 2 and not (tmp_path / "runs").exists()

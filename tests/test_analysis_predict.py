@@ -1,21 +1,16 @@
-"""The replay's predictions against what they stand for, pure: the plain twin costs the plain time measured (its
-end-of-generation decode counted once), llama.cpp's rule under sampling replays exactly (checked against the loop
-on scripted models), and the decode costs' own spread widens the predicted intervals by what it implies."""
+"""The replay's predictions against what they stand for (analysis.predict), pure: the plain twin costs the plain
+time measured (its end-of-generation decode counted once), llama.cpp's rule under sampling is predicted from its
+matches, the decode costs' own spread widens the predicted intervals by what it implies, a timed configuration's
+own costs replace the replay's, and the bound a prediction's own costs allow."""
 import math
 
-import numpy as np
 import polars as pl
 import pytest
 
 from harness.analysis.intervals import interval
 from harness.analysis.predict import costs_at, generation, plain_decode_ms, predictions
-from harness.analysis.replay import Step, greedy_steps
-from harness.loop import Request, generate
-from harness.drafting import Drafting
-from harness.proposers import DraftModelProposer
-from harness.sampling import Policy
-from harness.trace import TraceWriter
-from tests.fakes import EOS, LogitsEngine
+from tests.conftest import D
+from tests.fakes import EOS
 
 N, P, T1, T2, D1, D2, OH = 10, 20.0, 19.0, 30.0, 4.0, 6.0, 0.5  # P: plain ms per decode
 STEP = D1 + T2 + 2 * OH  # a step proposing one draft, rejected: its draft, a block of 2, their rows' overhead
@@ -80,37 +75,34 @@ def test_llamacpps_rule_under_sampling_is_predicted_from_its_matches():
     assert {r["kind"] for r in old} == {"expected"} and {r["verify"] for r in old} == {"leviathan", "exact"}
 
 
-PROMPT = [1, 2, 3]
+def test_a_timed_configurations_own_costs_replace_the_replays():
+    from harness.analysis.predict import with_unit_costs
+    rec = {"type": "costs", "config": "b", "proposer": D, "contexts": [20, 900], "reps": 6, "overhead_ms": 0.3,
+           "target_ms_by_context": [[1, 2], [3, 4]], "target_sd_by_context": [[0.1, 0.1], [0.1, 0.1]],
+           "target_times_by_context": [[[1], [2]], [[3], [4]]], "draft_ms_by_context": [[0.5, 0.7], [0.6, 0.8]],
+           "draft_sd_by_context": [[0.01, 0.01], [0.01, 0.01]]}
+    unit = {"type": "costs", "config": "g1", "contexts": [40], "reps": 3, "target_ms_by_context": [[1.1, 1.9]],
+            "target_sd_by_context": [[0.2, 0.2]], "target_times_by_context": [[[1.1], [1.9]]],
+            "draft_ms_by_context": [[0.4, 0.6]], "draft_sd_by_context": [[0.02, 0.02]]}
+    got = with_unit_costs(rec, unit)
+    assert got == {"type": "costs", "config": "b", "proposer": D, "contexts": [40], "reps": 3, "overhead_ms": 0.3,
+                   "target_ms_by_context": [[1.1, 1.9]], "target_sd_by_context": [[0.2, 0.2]],
+                   "draft_ms_by_context": [[0.4, 0.6]], "draft_sd_by_context": [[0.02, 0.02]]}
+    # a lookup's worker times the target only: its lookup time stays the replay's, with no spread either way
+    lookup = {k: v for k, v in rec.items() if not k.startswith("draft_sd")} | {"proposer": "ngram:2"}
+    bare = {k: v for k, v in unit.items() if not k.startswith("draft")}
+    got = with_unit_costs(lookup, bare)
+    assert got["draft_ms_by_context"] == rec["draft_ms_by_context"] and "draft_sd_by_context" not in got
+    assert got["target_ms_by_context"] == [[1.1, 1.9]] and got["contexts"] == [40]
 
 
-def _rows(seed: int, n: int, eos_from: int) -> list[dict[int, float]]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        w = {t: float(x) for t, x in zip(range(1, 6), rng.uniform(0.1, 1.0, 5))}
-        if i >= eos_from:
-            w[EOS] = 0.15
-        out.append(w)
-    return out
-
-
-@pytest.mark.parametrize("gamma", [1, 2, 4])
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_llamacpps_rule_samples_what_the_plain_twin_sampled(gamma, seed):
-    """The premise of replaying llama.cpp's rule exactly, on the loop itself: the target samples with the plain
-    twin's draws, so the outputs are equal, and the steps are greedy's from where the draft's top token is the
-    output's (here a draft whose top token does not depend on the context)."""
-    target, draft = _rows(seed, 40, 12), _rows(seed + 100, 40, 40)
-    policy, req = Policy(temperature=0.8, seed=seed), Request("p", PROMPT, 24)
-    plain = generate(LogitsEngine(len(PROMPT), target), req, policy)
-    tw = TraceWriter(None, keep=True)
-    spec = generate(LogitsEngine(len(PROMPT), target), req, policy,
-                    DraftModelProposer(LogitsEngine(len(PROMPT), draft), drafting=Drafting("exact")), gamma, tw,
-                    rule="exact")
-    assert spec["tokens"] == plain["tokens"] and spec["stop"] == plain["stop"]
-    out, eos = plain["tokens"], plain["stop"] == "eos"
-    forced = [*out, plain["stop_token"]] if eos else out
-    match = [max(draft[j], key=draft[j].get) == t for j, t in enumerate(forced)]
-    steps = [Step(r["proposed"], r["accepted"], r["emitted"], r["rejected_at"] is not None)
-             for r in tw.records if r["type"] == "step"]
-    assert greedy_steps(match, len(out), 24, gamma, eos) == steps
+@pytest.mark.parametrize("gamma, verify, draft, bound", [
+    (1, [10.0, 19.0], 4.5, 2 * 10 / (19 + 4.5)),                                 # 0.851: the trust issue's run
+    (3, [10.0, 19.0, 24.0, 28.0], 4.5, max(2 * 10 / 23.5, 3 * 10 / 33, 4 * 10 / 41.5)),  # 0.964 at gamma 3
+    (8, [10.0] + [10.5 + 0.5 * k for k in range(1, 9)], 1.0,
+     9 * 10 / (14.5 + 8 * 1.0)),                                                    # 4.0 at gamma 8
+])
+def test_the_bound_by_hand(gamma, verify, draft, bound):
+    from harness.analysis.predict import speedup_bound
+    from harness.costmodel import Costs
+    assert speedup_bound(Costs(verify, draft), gamma) == pytest.approx(bound)

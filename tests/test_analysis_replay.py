@@ -1,15 +1,17 @@
 """Replay, pure: the steps of speculative decoding at any gamma from the draft's matches along plain decoding's
-output, checked against the loop itself on a scripted engine; expected acceptance under sampling."""
+output, checked against the loop itself on a scripted engine; expected acceptance under sampling; llama.cpp's rule
+under sampling, whose steps are greedy's (the loop samples the plain twin's draws)."""
 import numpy as np
 import pytest
 
 from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, step_ms
 from harness.costmodel import Costs
+from harness.drafting import Drafting
 from harness.loop import Request, generate
-from harness.proposers import NgramProposer
+from harness.proposers import DraftModelProposer, NgramProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
-from tests.fakes import EOS, FakeEngine, ScriptedProposer
+from tests.fakes import EOS, FakeEngine, LogitsEngine, ScriptedProposer
 
 PROMPT = [1, 2, 3]
 
@@ -102,3 +104,37 @@ def test_expected_steps_of_a_lookup_proposer_follow_its_own_blocks():
         assert e["steps"] == pytest.approx(len(exact))
         assert e["proposed"] == pytest.approx(sum(s.proposed for s in exact))
         assert e["accepted"] == pytest.approx(sum(s.accepted for s in exact))
+
+
+# -- llama.cpp's rule under sampling, on the loop itself
+def _rows(seed: int, n: int, eos_from: int) -> list[dict[int, float]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        w = {t: float(x) for t, x in zip(range(1, 6), rng.uniform(0.1, 1.0, 5))}
+        if i >= eos_from:
+            w[EOS] = 0.15
+        out.append(w)
+    return out
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_llamacpps_rule_samples_what_the_plain_twin_sampled(gamma, seed):
+    """The premise of replaying llama.cpp's rule exactly, on the loop itself: the target samples with the plain
+    twin's draws, so the outputs are equal, and the steps are greedy's from where the draft's top token is the
+    output's (here a draft whose top token does not depend on the context)."""
+    target, draft = _rows(seed, 40, 12), _rows(seed + 100, 40, 40)
+    policy, req = Policy(temperature=0.8, seed=seed), Request("p", PROMPT, 24)
+    plain = generate(LogitsEngine(len(PROMPT), target), req, policy)
+    tw = TraceWriter(None, keep=True)
+    spec = generate(LogitsEngine(len(PROMPT), target), req, policy,
+                    DraftModelProposer(LogitsEngine(len(PROMPT), draft), drafting=Drafting("exact")), gamma, tw,
+                    rule="exact")
+    assert spec["tokens"] == plain["tokens"] and spec["stop"] == plain["stop"]
+    out, eos = plain["tokens"], plain["stop"] == "eos"
+    forced = [*out, plain["stop_token"]] if eos else out
+    match = [max(draft[j], key=draft[j].get) == t for j, t in enumerate(forced)]
+    steps = [Step(r["proposed"], r["accepted"], r["emitted"], r["rejected_at"] is not None)
+             for r in tw.records if r["type"] == "step"]
+    assert greedy_steps(match, len(out), 24, gamma, eos) == steps

@@ -1,11 +1,11 @@
 """The answer (report.answer) and the predicted verdicts under it (report.replayed): no verdict rests on a busy
 measurement, on a prediction beyond what its own costs allow, or on a prediction its timed run contradicts.
 Synthetic replay records with the costs of the trust issue (a 2-row verification 1.90x one decode, a draft decode
-0.45x): at gamma 1 nothing can beat 0.85x."""
+0.45x): at gamma 1 nothing can beat 0.85x. The first screen's commands, and an adaptive best run in llama.cpp as
+the best fixed gamma."""
 from __future__ import annotations
 
 import polars as pl
-import pytest
 
 from harness.analysis.predict import predictions
 from harness.plan import Instance
@@ -13,6 +13,7 @@ from harness.analysis.verdict import BEYOND, BUSY, INCONCLUSIVE, PLAIN, SPECULAT
 from harness.report.answer import answers, sentence
 from harness.report.replayed import predicted_verdicts
 from harness.report.verdicts import LEVEL_BASELINE, LEVEL_REPLAY, replay_levels
+from harness.specs import parse_draft
 
 T1, DRAFT = 10.0, 4.5   # one target decode, one draft decode (ms)
 VERIFY = [T1, 19.0, 24.0, 29.0, 34.0]  # a block of k rows: 2 rows at 1.90x one decode
@@ -132,13 +133,40 @@ def test_a_contradicted_prediction_is_no_answer_and_carries_no_command():
     assert all(a["server"] is None for a in got)
 
 
-@pytest.mark.parametrize("gamma, verify, draft, bound", [
-    (1, [10.0, 19.0], 4.5, 2 * 10 / (19 + 4.5)),                                 # 0.851: the trust issue's run
-    (3, [10.0, 19.0, 24.0, 28.0], 4.5, max(2 * 10 / 23.5, 3 * 10 / 33, 4 * 10 / 41.5)),  # 0.964 at gamma 3
-    (8, [10.0] + [10.5 + 0.5 * k for k in range(1, 9)], 1.0,
-     9 * 10 / (14.5 + 8 * 1.0)),                                                    # 4.0 at gamma 8
-])
-def test_the_bound_by_hand(gamma, verify, draft, bound):
-    from harness.analysis.predict import speedup_bound
-    from harness.costmodel import Costs
-    assert speedup_bound(Costs(verify, draft), gamma) == pytest.approx(bound)
+def test_the_first_screen_gives_llama_servers_command_and_how_to_run_it_the_others():
+    from harness.report.answer import how_to_run, section
+    a = {"target": "t", "ngl": 0, "threads": 0, "setup": "", "category": "code", "policy": "greedy",
+         "verdict": "speculate", "speedup": 1.5, "lo": 1.3, "hi": 1.7, "min_gain": 0.05, "levelled": None,
+         "configuration": "d γ 3", "source": "timed on 3 prompt(s)", "check": "", "note": "A note.",
+         "server": "llama-server -m t", "speculative_simple": "llama-speculative-simple -m t", "python": None,
+         "exact_speedup": None}
+    first, how = section([a]), how_to_run([a])
+    assert "  llama-server -m t" in first and "  A note." in first
+    assert not any("llama-speculative-simple" in x for x in first)
+    assert how[0] == "## How to run it" and "  llama-speculative-simple -m t" in how and "  A note." not in how
+    assert how_to_run([a | {"speculative_simple": None}]) == []
+
+
+def test_an_adaptive_best_runs_the_best_fixed_gamma_in_llama_cpp():
+    """llama.cpp has no adaptive draft length: the answer keeps the adaptive figure, but its commands (and the
+    crosscheck's instance) run the best fixed gamma of the same draft, named with its own prediction."""
+    import polars as pl
+
+    from harness.analysis.verdict import SPECULATE
+    from harness.plan import Instance
+    from harness.report.answer import answers
+    from harness.sampling import Policy
+    base = Instance("tgt", parse_draft("none"), 0, Policy(), 0, 0, 0)
+    row = {"target": "tgt", "ngl": 0, "threads": 0, "setup": "", "category": "code", "policy": "greedy",
+           "verdict": SPECULATE, "speedup": 1.6, "lo": 1.3, "hi": 2.0, "at_most": None, "further": None,
+           "min_gain": 0.05, "base": base.id, "draft": "dft", "gamma": 8, "adaptive": True, "verify": None,
+           "proposer": "dft"}
+    pred = pl.DataFrame([{"base": base.id, "category": "code", "draft": "dft", "gamma": g, "adaptive": a,
+                          "verify": None, "speedup": s, "speedup_lo": s - 0.2, "speedup_hi": s + 0.2}
+                         for g, a, s in ((8, True, 1.6), (3, False, 1.5), (8, False, 1.1), (1, False, 1.2))])
+    (a,) = answers({"replay_verdicts": pl.DataFrame([row]), "replay": pred},
+                   {"instances": [base.to_dict()], "params": {}})
+    assert a["configuration"] == "dft γ auto<=8" and a["speedup"] == 1.6
+    assert a["instance"].gamma == 3 and not a["instance"].adaptive
+    assert "--spec-draft-n-max 3" in a["server"]
+    assert "best fixed gamma, 3 (1.50x [1.30, 1.70] predicted)" in a["note"]

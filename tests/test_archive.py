@@ -11,8 +11,8 @@ from harness.errors import HarnessError
 from harness.report import check, markdown
 from harness.report.archive import archive, same, size
 from harness.report.tables import compute
-from harness.rundir import load_records, trace_file, trace_files
-from harness.trace import compress, decompress, gzipped, read_records
+from harness.rundir import trace_files
+from harness.trace import compress, decompress, read_records
 from tests.helpers import ROOT, copy_run, harness, one_line_error
 
 
@@ -38,43 +38,6 @@ def archived_run(plain_run, tmp_path_factory) -> tuple[Path, str]:
     r = harness("archive", run)
     assert r.returncode == 0, r.stderr
     return run, r.stdout
-
-
-def test_read_records_takes_plain_and_gzipped_alike(tmp_path):
-    f = tmp_path / "u.jsonl"
-    recs = [{"type": "step", "i": i, "text": "é"} for i in range(50)]
-    f.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"type": "st')  # a kill mid-line
-    assert read_records(f) == recs
-    raw = f.read_bytes()
-    gz = compress(f)
-    assert gz == gzipped(f) == tmp_path / "u.jsonl.gz" and not f.exists()
-    assert gzip.decompress(gz.read_bytes()) == raw
-    assert read_records(gz) == recs
-    assert gz.read_bytes()[4:8] == b"\0\0\0\0"  # no time stamp: the same trace gives the same bytes
-    first = gz.read_bytes()
-    assert decompress(gz) == f and f.read_bytes() == raw and not gz.exists()
-    assert compress(f).read_bytes() == first
-
-
-def test_a_units_trace_is_found_in_either_form(tmp_path):
-    (tmp_path / "traces").mkdir()
-    assert trace_file(tmp_path, "u1") is None
-    (tmp_path / "traces" / "u1.jsonl").write_text('{"config": "u1"}\n')
-    (tmp_path / "traces" / "u2.jsonl").write_text('{"config": "u2"}\n')
-    compress(tmp_path / "traces" / "u2.jsonl")
-    assert trace_file(tmp_path, "u1").name == "u1.jsonl"
-    assert trace_file(tmp_path, "u2").name == "u2.jsonl.gz"
-    assert load_records(tmp_path, {"u1", "u2", "u3"}) == [{"config": "u1"}, {"config": "u2"}]
-    # an archive stopped between writing the gzipped copy and removing the plain one: the plain one is read
-    (tmp_path / "traces" / "u2.jsonl").write_text('{"config": "u2", "plain": true}\n')
-    assert load_records(tmp_path, {"u2"}) == [{"config": "u2", "plain": True}]
-
-
-def test_a_damaged_gzipped_trace_is_one_clear_error(tmp_path):
-    f = tmp_path / "u.jsonl.gz"
-    f.write_bytes(gzip.compress(b'{"a": 1}\n' * 100, mtime=0)[:-20])  # cut short
-    with pytest.raises(HarnessError, match="damaged"):
-        read_records(f)
 
 
 def test_archive_gzips_the_traces_and_drops_only_what_the_report_makes_again(plain_run, archived_run):

@@ -1,14 +1,16 @@
-"""The replay end to end on SmolLM2: the baselines' outputs teacher-forced through the drafts, predictions for
-every gamma with intervals, and the timed rows of the same configurations beside them."""
+"""The replay end to end on SmolLM2 (bench.replay): the baselines' outputs teacher-forced through the drafts,
+predictions for every gamma and both verification rules with intervals, and the timed rows of the same
+configurations beside them; each baseline replayed through its own sweep's drafts."""
 import json
 import statistics
 
 import pytest
 
+from harness.plan import expand, make_params
 from harness.rundir import trace_files
 from harness.trace import read_records
-from tests.conftest import D, T
-from tests.helpers import diagnostics_md, harness, md_table, one_line_error, report_md
+from tests.conftest import D
+from tests.helpers import diagnostics_md, harness, md_table, report_md
 
 
 @pytest.fixture(scope="module")
@@ -123,85 +125,6 @@ def test_a_run_without_replay_says_so_once(timed_run, replay):
     assert harness("report", str(run), "--check").returncode == 0
 
 
-def test_timed_subset_times_what_the_replay_chose(replay):
-    """Only baselines on every prompt, then, per category and policy, each proposer's predicted best gamma (on the
-    category's other prompts) and gamma 1, on the category's first prompt."""
-    run, md = replay
-    plan = json.loads((run / "plan.json").read_text())
-    results = _results(run)
-    timed = {c for c, x in results.items() if x["draft"] != "none"}
-    assert timed == set(plan["timed"]) and all(x["status"] == "ok" for x in results.values())
-    assert set(sum(plan["timed"].values(), [])) <= {"code-1", "chat-1"}  # each category's first prompt
-    assert plan["timed_in_sample"] == {}  # each category's second prompt chose what its first was timed on
-    chosen = {(results[c]["draft"], results[c]["gamma"], results[c]["policy"]["temperature"]) for c in timed}
-    for temp in (0.0, 0.8):  # gamma 1 always, beside each proposer's predicted best
-        assert {(D, 1, temp), ("ngram:2", 1, temp)} <= chosen
-    # the predicted verdicts answer, on the first screen; the timed ones check them, in the diagnostics
-    assert "## Predicted from every prompt (replay)" in md.split("## Contents")[0]
-    assert "## Verdict per category" in diagnostics_md(run) and "## Verdict per category" not in md
-    assert "## Drift" not in md + diagnostics_md(run)  # the timed subset is paired; the baselines ran once
-
-
-@pytest.mark.parametrize("args, words", [
-    (["--timed-subset", "1"], ["--timed-subset", "--replay"]),
-    (["--replay", "--replay-gamma", "0"], ["--replay-gamma", ">= 1"]),
-    (["--replay", "--timed-subset", "1", "--until-confident"], ["--until-confident", "--timed-subset"]),
-])
-def test_bad_replay_options_are_one_line(tmp_path, args, words):
-    one_line_error(harness("bench", "--target", T, *args, "--out", str(tmp_path / "r")), *words)
-
-
-def _cut_after_first_prompt(f) -> str:
-    """A trace as a kill mid-unit leaves it: the records of its first prompt (and of the unit itself, before it),
-    then half a line of the next prompt's. The whole records are marked ("kept"), as a rerun would not write them.
-    Returns them."""
-    recs = [json.loads(x) for x in f.read_text().splitlines()]
-    first = next(r["prompt_id"] for r in recs if r.get("prompt_id"))
-    k = next(k for k, r in enumerate(recs) if r.get("prompt_id") not in (None, first))
-    kept = "".join(json.dumps(r | {"kept": True}, ensure_ascii=False) + "\n" for r in recs[:k])
-    f.write_text(kept + json.dumps(recs[k])[:40])
-    return kept
-
-
-def _per_prompt(f, kind: str) -> list[str]:
-    return [r["prompt_id"] for r in read_records(f) if r.get("type") == kind]
-
-
-def test_a_resume_after_a_kill_in_the_replay_and_in_the_timed_subset(replay, tmp_path):
-    """The replay of one baseline and one timed configuration killed midway (no result line, a trace cut after
-    its first prompt, half a line of the next): --resume keeps that prompt, runs the others, and the report's
-    acceptance and token counts come out as in the uninterrupted run."""
-    from harness.rundir import trace_file
-    from tests.helpers import copy_run
-    original, md = replay
-    run = copy_run(original, tmp_path)
-    cut = {}
-    for side, pick, kind in (("replay", lambda r: r["draft"] == "none", "replay_prompt"),
-                             ("", lambda r: r["draft"] != "none", "generation")):
-        d = run / side if side else run
-        lines = (d / "results.jsonl").read_text().splitlines()
-        k = next(i for i, x in enumerate(lines) if pick(json.loads(x)))
-        f = trace_file(d, json.loads(lines[k])["unit"])
-        cut[f] = (_per_prompt(f, kind), kind, _cut_after_first_prompt(f))
-        (d / "results.jsonl").write_text("".join(x + "\n" for i, x in enumerate(lines) if i != k))
-    r = harness("bench", "--resume", str(run))
-    assert r.returncode == 0, r.stderr
-    assert "1 unit(s) to run" in r.stderr and "[replay 1/1]" in r.stderr
-    assert harness("report", str(run), "--check").returncode == 0
-    for f, (prompts, kind, kept) in cut.items():
-        assert f.read_text().startswith(kept), f  # the first prompt kept, not run again
-        assert _per_prompt(f, kind) == prompts, f  # every prompt's records once
-        assert [r for r in read_records(f) if r.get("kept")] == [json.loads(x) for x in kept.splitlines()]
-    twin = run / "paired" / "traces" / f.name
-    assert _per_prompt(twin, "generation") == prompts
-    new = report_md(run)
-    acceptance = "## Acceptance (models, prompts and policy only)"
-    assert md_table(new, acceptance) == md_table(md, acceptance)
-    for cat in ("code", "chat"):  # proposed, accepted, acceptance, alpha, tokens per call: no time in them
-        per = [m.split("## Per category", 1)[1] for m in (diagnostics_md(original), diagnostics_md(run))]
-        assert md_table(per[1], f"### {cat}") == md_table(per[0], f"### {cat}"), cat
-
-
 def test_the_timed_rows_priced_again_with_their_own_costs(replay):
     """Each timed configuration's worker measured its decode costs around its generations: the replay's steps
     priced with those instead of the replay's own, for every row the table holds."""
@@ -211,3 +134,34 @@ def test_the_timed_rows_priced_again_with_their_own_costs(replay):
     n = len(md_table(md, "## Replayed against timed"))
     m = re.search(r"own decode costs \(measured in its worker [^)]*\): (\d+) of (\d+)\.", md)
     assert m and int(m.group(2)) == n and 0 <= int(m.group(1)) <= n
+
+
+@pytest.mark.slow  # a replayed sweep of its own under both rules: half a minute on 2 cores
+def test_the_replay_predicts_both_rules_and_times_what_it_chose(replay_run):
+    run = replay_run
+    recs = [r for f in trace_files(run / "replay") for r in read_records(f)]
+    rep = [x for x in recs if x["type"] == "replay" and x["policy"] != "greedy" and x["proposer"] == D]
+    assert rep and all(len(x["alpha_exact"]) == len(x["alpha"]) for x in rep)
+    md = report_md(run)
+    pred = {x["proposer"] for x in md_table(md, "## Predicted speedup")}
+    assert {D, f"{D} (exact)", "ngram:2"} <= pred
+    rules = md_table(md, "## Verification rules (replayed)")
+    assert {(x["category"], x["draft"]) for x in rules} >= {("code", D), ("chat", D)}
+    assert all(x["alpha leviathan"] and x["alpha exact"] for x in rules)
+    timed = md_table(diagnostics_md(run), "## Replayed against timed")
+    assert {D, f"{D} (exact)"} <= {x["proposer"] for x in timed}  # the subset timed both rules, like for like
+    r = harness("report", str(run), "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# -- each baseline replayed through its own sweep's drafts (a profile's further sweeps)
+PROFILE = {"target": ["t-q4"], "draft": ["d1", "ngram:3"], "gamma": [1, 4], "temp": [0.0, 0.7], "top_p": [0.9],
+           "also": [{"target": ["t-f16"], "draft": ["d1"], "temp": [0.0]}]}
+
+
+def test_each_baseline_is_replayed_through_its_own_sweeps_drafts_only():
+    from harness.bench.replay import proposers
+    p = make_params(PROFILE, {})
+    inst = expand(p)
+    by_target = {b.target: [str(d) for d in proposers(inst, p, b)] for b in inst if b.baseline}
+    assert by_target == {"t-q4": ["d1", "ngram:3"], "t-f16": ["d1"]}

@@ -1,8 +1,10 @@
-"""`harness bench` end to end on the session's shared timed run (tests/conftest.py): the report's figures against
-the raw traces, tampering, exports, resume, Ctrl-C and bad input; the real smoke profile in the slow tier."""
-import gzip
+"""`harness bench` end to end (bench.run): on the session's shared timed run (tests/conftest.py), the report's
+structure and figures against the raw traces, drift, pairing, resume; on sweeps of its own, Ctrl-C and signals, a
+run whose every unit failed, --until-confident's rounds, the knobs' and several targets' sweeps, --repeat, --seed,
+--skip-unsupported and --cache-type-v, --dry-run; the real smoke profile in the slow tier."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -10,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.engine import cache_bytes
 from harness.rundir import trace_files
 from harness.trace import read_records
-from tests.conftest import CATEGORIES, POLICIES, PROMPT_FILE, T, gpu_build, skip_on_gpu_build
-from tests.helpers import (HARNESS, ROOT, copy_run, diagnostics_md, harness, md_table, one_line_error, only_run,
+from tests.conftest import CATEGORIES, D, POLICIES, PROMPT_FILE, T, gpu_build
+from tests.helpers import (FAST, HARNESS, ROOT, copy_run, diagnostics_md, harness, md_table, one_line_error, only_run,
                            report_md)
 
 def raw(run_dir: Path) -> list[dict]:
@@ -139,45 +142,6 @@ def test_report_figures_equal_those_recomputed_from_traces(timed_run):
     assert r.returncode == 0 and "matches" in r.stdout
 
 
-def _tamper(trace: Path, pick, change) -> None:
-    """Change the first record of a trace that pick() selects, written back in the trace's own form."""
-    recs = read_records(trace)
-    change(next(r for r in recs if pick(r)))
-    text = "".join(json.dumps(r) + "\n" for r in recs)
-    if trace.name.endswith(".gz"):
-        trace.write_bytes(gzip.compress(text.encode()))
-    else:
-        trace.write_text(text)
-
-
-def _own_traces(run: Path, side: str = "") -> list[Path]:
-    d = run / side if side else run
-    return [f for f in trace_files(d) if f.parent == d / "traces" and f.name.startswith("g")]
-
-
-def _rejected(r: dict) -> bool:
-    return r.get("accepted", 0) < r.get("proposed", 0)
-
-
-@pytest.mark.parametrize("what", ["accepted", "gen_ms", "paired gen_ms"])
-def test_report_check_fails_when_a_trace_disagrees(timed_run, tmp_path, what):
-    """One more accepted draft than the run saw; a generation 10% slower; its paired twin (the reference the
-    speedup and its interval are built from) 10% faster: each is a difference that --check shows."""
-    run = copy_run(timed_run, tmp_path)
-    assert harness("report", str(run), "--check").returncode == 0
-    if what == "accepted":
-        trace = next(f for f in _own_traces(run) if any(_rejected(r) for r in read_records(f)))
-        _tamper(trace, _rejected, lambda r: r.update(accepted=r["accepted"] + 1))
-    elif what == "gen_ms":
-        _tamper(_own_traces(run)[0], lambda r: r["type"] == "generation", lambda r: r.update(gen_ms=r["gen_ms"] * 1.1))
-    else:
-        _tamper(_own_traces(run, "paired")[0], lambda r: r["type"] == "generation",
-                lambda r: r.update(gen_ms=r["gen_ms"] / 1.1))
-    r = harness("report", str(run), "--check")
-    one_line_error(r, "disagrees")
-    assert r.stdout.strip()  # the differing lines are shown
-
-
 def test_equivalence_table_counts_every_greedy_generation(timed_run):
     table = md_table(diagnostics_md(timed_run), "## Output equivalence (greedy)")
     recs = raw(timed_run)
@@ -197,34 +161,6 @@ def test_equivalence_table_counts_every_greedy_generation(timed_run):
     assert exact == pytest.approx(len(spec) - differ)
 
 
-def test_report_check_neither_redraws_plots_nor_depends_on_how_the_path_is_typed(timed_run):
-    pngs = {p: p.stat().st_mtime_ns for p in (timed_run / "plots").glob("*.png")}
-    assert pngs, "the run draws its plots (the dev extra has matplotlib)"
-    for args, cwd in (([str(timed_run.resolve())], ROOT), ([timed_run.name], timed_run.parent),
-                      ([f"./{timed_run.name}/"], timed_run.parent)):
-        r = harness("report", *args, "--check", cwd=cwd)
-        assert r.returncode == 0 and "matches" in r.stdout, r.stdout + r.stderr
-    assert {p: p.stat().st_mtime_ns for p in pngs} == pngs
-
-
-def test_report_exports(timed_run, tmp_path):
-    run = copy_run(timed_run, tmp_path)
-    r = harness("report", str(run), "--format", "md,csv,json,parquet")
-    assert r.returncode == 0, r.stderr
-    for ext in ("csv", "json", "parquet"):
-        assert (run / f"metrics.{ext}").stat().st_size > 0
-        assert (run / f"verdicts.{ext}").stat().st_size > 0
-    import polars as pl
-    m = pl.read_parquet(run / "metrics.parquet")
-    for col in ("speedup_lo", "speedup_hi", "acceptance_rate_lo", "mean_accepted_len_hi", "alpha_lo", "prompts"):
-        assert col in m.columns
-    spec = m.filter(pl.col("draft") != "none")
-    assert (spec["speedup_lo"] <= spec["speedup"]).all() and (spec["speedup"] <= spec["speedup_hi"]).all()
-    v = pl.read_csv(run / "verdicts.csv")
-    assert set(v["verdict"]) <= {"speculate", "plain decoding", "inconclusive", "unreliable (busy machine)"}
-    assert len(v) == len(CATEGORIES) * len(POLICIES)
-
-
 def test_resume_runs_only_what_is_missing(timed_run, tmp_path):
     """The last result line half-written, as a kill in the middle of the write leaves it: that configuration
     runs again and its new line is kept whole."""
@@ -237,108 +173,6 @@ def test_resume_runs_only_what_is_missing(timed_run, tmp_path):
     assert "1 unit(s) to run" in r.stderr
     again = [json.loads(x) for x in res.read_text().splitlines()]
     assert len(again) == len(lines) and all(x["status"] == "ok" for x in again)
-
-
-@pytest.mark.parametrize("args, words", [
-    (["--profile", "nope"], ["unknown profile"]),
-    (["--target", "smollm2-135m-instruct-q4_1", "--categories", "poetry"], ["unknown prompt category"]),
-    (["--target", "no-such-model"], ["unknown model"]),
-    (["--target", "smollm2-135m-instruct-q4_1", "--gamma", "0", "--draft", "ngram:2"], ["gamma"]),
-    (["--target", "smollm2-135m-instruct-q4_1", "--draft", "ngram:0"], ["n-gram size"]),
-    (["--target", "smollm2-135m-instruct-q4_1", "--ngl", "99"], ["GPU", "CMAKE_ARGS"]),
-    (["--target", "smollm2-135m-instruct-q4_1", "--draft", "gemma-3-270m-q4_k_m"], []),
-    (["--resume", "/tmp"], ["not a benchmark run"]),
-    (["--target", ""], ["no target"]),
-    (["--target", "smollm2-135m-instruct-q4_1", "--per-category", "-1"], ["--per-category", ">= 0"]),
-    (["--target", "smollm2-135m-instruct-q4_1", "--threads", "2,-1"], ["--threads", ">= 0"]),
-    (["--target", "smollm2-135m-instruct-q4_1", "--n-ctx", "32"], ["--n-ctx", "64"]),
-    (["--target", "smollm2-135m-instruct-q4_1", "--per-category", "x"], ["--per-category", "not a valid integer"]),
-])
-def test_bad_bench_input_is_one_line(args, words, tmp_path):
-    if "--ngl" in args:
-        skip_on_gpu_build("the --ngl refusal of a CPU-only build")
-    if "gemma-3-270m-q4_k_m" in args and not (ROOT / "models" / "gemma-3-270m-q4_k_m.gguf").exists():
-        pytest.skip("gemma not fetched")
-    r = harness("bench", *args, "--out", str(tmp_path / "runs"))
-    one_line_error(r, *words)
-    if "gemma-3-270m-q4_k_m" in args:
-        assert r.returncode == 2 and "not aligned" in r.stderr
-
-
-@pytest.mark.parametrize("content, words", [
-    ("", ["is empty"]),
-    ('{"id": "a", "category": "x", "text": "hi"}\nnot json\n', [":2:", "not valid JSON"]),
-    ('{"id": "a", "category": "x", "text": "hi"}\n{"id": "a", "category": "x", "text": "yo"}\n', ["duplicate"]),
-    ('{"id": "a", "category": "x", "text": "  "}\n', [":1:", "empty"]),
-])
-def test_bad_prompt_files(content, words, tmp_path):
-    f = tmp_path / "p.jsonl"
-    f.write_text(content)
-    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--prompts", str(f), "--out", str(tmp_path / "r"))
-    one_line_error(r, *words)
-
-
-def test_unwritable_output_directory(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("x")
-    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--categories", "code", "--per-category", "1",
-                "--max-tokens", "4", "--out", str(blocker / "runs"))
-    one_line_error(r, "run directory")
-
-
-def isolated_env(tmp_path) -> dict:
-    """Run from an empty directory so calibrations start empty; models, prompts and profiles from the repo."""
-    return {"HARNESS_CATALOG": str(ROOT / "models.toml"), "HARNESS_MODELS_DIR": str(ROOT / "models"),
-            "HARNESS_PROMPTS_DIR": str(ROOT / "prompts"), "HARNESS_PROFILES": str(ROOT / "profiles.toml")}
-
-
-def test_gamma_auto_needs_a_calibration(tmp_path, smol, smol_q2k):
-    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "smollm2-135m-instruct-q2_k",
-                "--gamma", "auto:2", "--categories", "code", "--per-category", "1", "--max-tokens", "4",
-                "--out", str(tmp_path / "runs"), cwd=tmp_path, env=isolated_env(tmp_path))
-    one_line_error(r, "harness calibrate", "--calibrate")
-    assert not any((tmp_path / "runs").glob("runs/2*")), "a refused run leaves no run directory"
-
-
-def _adaptive_run(tmp_path, *extra) -> Path:
-    """gamma 1 and auto:2 on the tiny prompts, from an empty directory with its own calibrations."""
-    from tests.conftest import D
-    env = isolated_env(tmp_path)
-    r = harness("bench", "--target", T, "--draft", D, "--gamma", "1,auto:2", "--prompts", str(PROMPT_FILE),
-                "--categories", "code", "--per-category", "1", "--max-tokens", "12", *extra,
-                "--out", str(tmp_path / "reports"), cwd=tmp_path, env=env)
-    assert r.returncode == 0, r.stderr
-    run = only_run(tmp_path / "reports")
-    md = diagnostics_md(run)
-    assert "## Cost model" in md and "auto<=2" in md and "Recommended gamma" in md
-    steps = [s for f in trace_files(run) if f.name.startswith("auto-") for s in read_records(f)]
-    assert {s["gamma"] for s in steps if s["type"] == "step"} <= {0, 1, 2}
-    assert harness("report", str(run), "--check", cwd=tmp_path, env=env).returncode == 0
-    cals = {f.name: f.read_text() for f in (run / "calibration").iterdir()}
-    assert len(cals) == 2  # target and draft
-    r = harness("bench", "--resume", str(run), cwd=tmp_path, env=env)  # nothing left: no new calibration
-    assert r.returncode == 0 and "calibrating" not in r.stderr, r.stderr
-    assert {f.name: f.read_text() for f in (run / "calibration").iterdir()} == cals
-    return run
-
-
-@pytest.mark.slow  # a calibration, then an adaptive sweep: 20 s
-def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k):
-    """`harness calibrate` writes ./reports/calibration, which a later bench copies into its run."""
-    from tests.conftest import D
-    env = isolated_env(tmp_path)
-    for m in (T, D):
-        r = harness("calibrate", m, "--k-max", "3", "--reps", "1", cwd=tmp_path, env=env)
-        assert r.returncode == 0, r.stderr
-        assert "vs k=1" in r.stdout
-    assert len(list((tmp_path / "reports/calibration").iterdir())) == 2
-    _adaptive_run(tmp_path)
-
-
-@pytest.mark.slow
-def test_bench_calibrate_measures_its_own_costs_first(tmp_path, smol, smol_q2k):
-    run = _adaptive_run(tmp_path, "--calibrate")
-    assert all(json.loads(f.read_text())["k"][-1] == 16 for f in (run / "calibration").iterdir())
 
 
 def test_ctrl_c_keeps_what_finished(tmp_path, smol):
@@ -361,38 +195,279 @@ def test_ctrl_c_keeps_what_finished(tmp_path, smol):
     assert (out / f"{run.name}.md").exists()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("run", sorted(p.name for p in (ROOT / "reports" / "runs").glob("2*") if p.is_dir()))
-def test_committed_reference_runs_match_their_traces(run):
-    """The README's figures come from these runs: their reports must be what the traces give."""
-    r = harness("report", str(Path("reports") / "runs" / run), "--check")
-    assert r.returncode == 0, r.stdout + r.stderr
+# -- a run whose every unit failed, and a signal to bench (a small run of their own)
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, smol) -> Path:
+    """A finished two-configuration run (the baseline and ngram:2 at gamma 2): what the damage cases copy."""
+    out = tmp_path_factory.mktemp("small")
+    r = harness("bench", *FAST, "--allow-busy", "--out", out)
+    assert r.returncode == 0, r.stderr
+    return only_run(out)
 
 
-@pytest.mark.parametrize("content, words", [
-    ('{"instances": [', ["plan.json", "damaged"]),
-    ("{}", ["plan.json", "lacks", "instances"]),
-])
-def test_damaged_plan_is_one_line_for_resume_and_report(tmp_path, content, words):
-    run = tmp_path / "runs" / "r1"
-    (run / "traces").mkdir(parents=True)
-    (run / "plan.json").write_text(content)
-    one_line_error(harness("bench", "--resume", str(run)), *words)
-    one_line_error(harness("report", str(run)), *words)
-    one_line_error(harness("report", str(run), "--check"), *words)
+def _rows(run: Path) -> list[str]:
+    return (run / "results.jsonl").read_text().splitlines(keepends=True)
 
 
-def test_report_check_on_a_directory_that_is_not_a_run(tmp_path):
-    one_line_error(harness("report", str(tmp_path), "--check"), "not a benchmark run directory")
+def test_a_run_whose_every_configuration_failed_reports_each_error_and_exits_non_zero(small_run, tmp_path):
+    """A prompt beyond the context is refused up front now (test_prepare): here a directory stands where each unit
+    writes its trace, so every worker fails. The report says why for each; bench exits non-zero, in one line."""
+    run = copy_run(small_run, tmp_path)
+    shutil.rmtree(run / "drift")
+    (run / "results.jsonl").write_text("")
+    for f in (run / "traces").glob("*.jsonl"):
+        f.unlink()
+        f.mkdir()
+    r = harness("bench", "--resume", run, "--allow-busy")
+    one_line_error(r, "every unit of the run failed (2;", "says why")
+    rows = [json.loads(x) for x in _rows(run)]
+    assert rows and all(x["status"] == "error" for x in rows), rows
+    md = report_md(run)
+    assert all(x["error"] in md for x in rows), md
+    assert not (run / "drift").exists()  # the failed baseline is not run again for the drift check
+    assert harness("report", run).returncode == 0
 
 
-@pytest.mark.parametrize("line, words", [
-    ('per_category = "two"', ["per_category", "an integer", "'two'", "profile"]),
-    ('max_tokens = "x"', ["max_tokens", "an integer", "'x'"]),
-    ('paired = "yes"', ["paired", "true or false"]),
-])
-def test_profile_values_of_the_wrong_type_are_one_line(tmp_path, line, words):
-    prof = tmp_path / "profiles.toml"
-    prof.write_text(f'[profiles.p]\ntarget = ["smollm2-135m-instruct-q4_1"]\n{line}\n')
-    one_line_error(harness("bench", "--profile", "p", "--out", str(tmp_path / "runs"),
-                           env={"HARNESS_PROFILES": str(prof)}), *words)
+# -- SIGTERM and SIGHUP to bench -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
+def test_a_signal_stops_the_worker_and_keeps_what_finished(tmp_path, smol, sig):
+    """The process itself is under test: a real console process and a real signal."""
+    out = tmp_path / "runs"
+    args = ["bench", "--target", T, "--draft", "ngram:2", "--gamma", "1,2,3", "--prompts", str(PROMPT_FILE),
+            "--categories", "code", "--per-category", "1", "--max-tokens", "8", "--out", str(out),
+            "--allow-busy"]
+    p = subprocess.Popen([*HARNESS, *args], cwd=ROOT, env=os.environ | {"CI": "true"}, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(out.glob("runs/*/results.jsonl")):
+        time.sleep(0.2)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + sig, err
+    assert "Traceback" not in err and "--resume" in err and sig.name in err, err
+    run = only_run(out)
+    rows = _rows(run)
+    time.sleep(3)  # an orphaned worker would append its row now
+    assert _rows(run) == rows and 1 <= len(rows) < 4
+    assert (out / f"{run.name}.md").exists()
+
+
+# -- --until-confident: the next prompts in file order until they run out, and the budget spent
+QUICK = ["--target", T, "--draft", "ngram:2", "--gamma", "2", "--max-tokens", "12", "--threads", "1"]
+
+
+# An n-gram lookup's gain differs far between a text that repeats itself and one that does not: two such prompts
+# leave the verdict open (t with one degree of freedom), whatever the machine's speed.
+TEXTS = ["Repeat exactly, ten times: red blue green red blue green red blue green", "Name one colour.",
+         "Count from 1 to 6.", "Say hello."]
+
+
+def prompt_file(tmp_path, n):
+    f = tmp_path / "few.jsonl"
+    f.write_text("".join(json.dumps({"id": f"few-{i}", "category": "few", "max_tokens": 12,
+                                     "messages": [{"role": "user", "content": t}]}) + "\n"
+                         for i, t in enumerate(TEXTS[:n], 1)))
+    return f
+
+
+@pytest.mark.slow  # three rounds of a real run, and a resume: 14 s
+def test_until_confident_adds_the_next_prompts_in_file_order_and_says_when_they_run_out(tmp_path, smol):
+    """Two prompts in the category: round 1 adds the second (two prompts cannot settle a verdict: t with one
+    degree of freedom), then there are none left: said in the report, not an error. --resume continues."""
+    out = tmp_path / "r"
+    r = harness("bench", *QUICK, "--prompts", str(prompt_file(tmp_path, 2)), "--per-category", "1",
+                "--until-confident", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = only_run(out)
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["rounds"] == [["few-1"], ["few-2"]]
+    assert plan["until_confident"]["stopped"] == "prompts" and plan["until_confident"]["exhausted"] == ["few"]
+    units = {json.loads(x)["unit"] for x in (run / "results.jsonl").read_text().splitlines()}
+    assert len(units) == 4 and {u.split(".r")[-1] for u in units if ".r" in u} == {"1"}
+    md = (out / f"{run.name}.md").read_text()
+    assert "## Evidence until settled" in md and "Out of prompts: few" in md
+    assert "| 2 " in md.split("## Verdict per category", 1)[1].split("##", 1)[0]  # the verdicts rest on 2 prompts
+    r = harness("bench", "--resume", str(run))
+    assert r.returncode == 0, r.stderr
+    assert "0 unit(s) to run" in r.stderr and json.loads((run / "plan.json").read_text())["rounds"] == plan["rounds"]
+    assert harness("report", str(run), "--check").returncode == 0
+
+
+def test_until_confident_stops_when_the_budget_is_spent(tmp_path, smol):
+    out = tmp_path / "r"
+    # at the suite's usual 2 threads, whose probe of the model an earlier run took (at 1 thread, probing alone
+    # costs 12 s on the Xeon VM)
+    r = harness("bench", *QUICK[:-2], "--prompts", str(prompt_file(tmp_path, 4)), "--per-category", "1",
+                "--until-confident", "--budget-min", "0.01", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = only_run(out)
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["rounds"] == [["few-1"]] and plan["until_confident"]["stopped"] == "budget"
+    md = (out / f"{run.name}.md").read_text()
+    assert "the budget (0.01 min) was spent" in md and "Left open: few" in md
+    # 12 tokens, gamma 2, one prompt: nothing to cut, said in the run's summary
+    assert plan["budget"]["budget_min"] == 0.01 and not plan["budget"]["cuts"] and not plan["budget"]["fits"]
+    assert "- budget 0.01 min (fitted to 85% of it): estimated " in md and "nothing can be cut: running anyway" in md
+    # what it took, per part and in all, beside the estimate's parts
+    took, parts = plan["took_s"], plan["budget"]["parts_s"]
+    assert took["total"] >= took["units"] + took["rounds"] > 0 and "units" in parts
+    assert f"took {took['total'] / 60:.1f} min before its report" in md
+
+
+# -- the context knobs' sweep, and several targets' (the quantization ladder), run for real
+@pytest.fixture(scope="module")
+def knobs_run(tmp_path_factory, smol, smol_q2k):
+    out = tmp_path_factory.mktemp("knobs")
+    r = harness("bench", "--target", T, "--draft", D, "--gamma", "2", "--cache-type-k-draft", "f16,q4_0",
+                "--cache-type-v-draft", "f16,q4_0", "--flash-attn", "on", "--ubatch", "512,32", "--prompts",
+                str(PROMPT_FILE), "--categories", "code", "--per-category", "1", "--max-tokens", "12", "--paired",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = next(d for d in (out / "runs").iterdir() if not d.is_symlink())
+    return run, (out / f"{run.name}.md").read_text()
+
+
+@pytest.mark.slow  # the knobs' sweep of its own, 10 configurations paired: 40-45 s of setup
+def test_memory_is_broken_down_per_buffer_and_follows_the_knobs(knobs_run):
+    run, md = knobs_run
+    res = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
+    by = {(r["ubatch"], r["draft"], r.get("cache_k_draft"), r.get("cache_v_draft")): r for r in res}
+    assert all(r["flash_attn"] == ({"target": True} | ({"draft": True} if r["draft"] != "none" else {}))
+               for r in res)
+
+    def total(r, kind, model=None):
+        return sum(b["bytes"] for b in r["memory"] if b["kind"] == kind and model in (None, b["model"]))
+    f16, q4 = by[(512, D, "f16", "f16")], by[(512, D, "q4_0", "q4_0")]
+    # llama.cpp's own KV figure (2 decimals of MiB) against the one computed from the types
+    for r in (f16, q4):
+        assert abs(total(r, "kv") - r["kv_bytes"]) < 2 * 2**20 * 0.01
+    assert total(q4, "kv", "draft") == pytest.approx(total(f16, "kv", "draft") * 18 / 64, rel=0.01)
+    assert total(q4, "kv", "target") == total(f16, "kv", "target")
+    small = by[(32, D, "f16", "f16")]  # a smaller ubatch shrinks the compute buffer (ubatch x vocabulary logits)
+    assert total(small, "compute") < total(f16, "compute") / 4
+    table = md_table(md, "## Memory")
+    assert {row["draft"] for row in table} == {"none", D} | {f"{D} (KV {kv})" for kv in ("q4_0/q4_0", "q4_0/f16",
+                                                                                         "f16/q4_0")}
+    assert {row["ubatch"] for row in table} == {"512", "32"}
+    for row in table:
+        rss, own = (int(row[k].split()[0]) for k in ("peak RSS", "harness's own"))
+        assert 0 < own < rss  # the process before any weights loaded
+    assert "Devices: no device" in md
+
+
+@pytest.mark.slow  # the knobs' sweep of its own, 10 configurations paired: 40-45 s of setup
+def test_knobs_name_their_rows_and_pair_with_their_own_plain_twins(knobs_run):
+    run, md = knobs_run
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["params"]["ubatch"] == [512, 32] and plan["params"]["flash_attn"] == ["on"]
+    verdict_rows = md_table(md, "## Verdict per category")
+    assert {r["setup"] for r in verdict_rows} == {"FA on", "FA on, ubatch 32"}
+    assert f"{D} (KV q4_0/q4_0)" in md
+    assert harness("report", str(run), "--check").returncode == 0
+
+
+@pytest.mark.slow  # two targets' sweep and their fidelity, run for real: 15 s
+def test_several_targets_get_a_quantization_table_with_their_fidelity(tmp_path, smol, smol_q2k):
+    r = harness("bench", "--target", f"{T},{D}", "--draft", "ngram:2", "--gamma", "2", "--prompts", str(PROMPT_FILE),
+                "--per-category", "1", "--max-tokens", "12", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    run = next(d for d in (tmp_path / "runs").iterdir() if not d.is_symlink())
+    fid = {x["model"]: x for x in json.loads((run / "fidelity.json").read_text())}
+    assert fid[T]["alpha_vs_reference"] == 1.0 and 0 < fid[D]["alpha_vs_reference"] < 1
+    md = (tmp_path / f"{run.name}.md").read_text()
+    targets = {row["target"]: row for row in md_table(md, "## Quantization")}
+    assert set(targets) == {T, D}
+    assert targets[D]["alpha"] == f"{fid[D]['alpha_vs_reference']:.4f}"
+    assert float(targets[D]["plain tok/s"]) > 0 and targets[D]["peak RSS"].endswith("MiB")
+    assert {row["target"] for row in md_table(md, "## Verdict per category")} == {T, D}
+
+
+# -- options in one small sweep: --repeat, --seed, --skip-unsupported, --cache-type-v
+@pytest.fixture(scope="module")
+def options_run(tmp_path_factory, smol):
+    out = tmp_path_factory.mktemp("options")
+    r = harness("bench", "--target", T, "--draft", "ngram:2", "--gamma", "2", "--prompts", str(PROMPT_FILE),
+                "--categories", "chat", "--per-category", "1", "--max-tokens", "6", "--temp", "0.8", "--top-p", "0.9",
+                "--repeat", "2", "--seed", "7", "--ngl", "0,99", "--skip-unsupported", "--cache-type-v", "f16,q8_0",
+                "--flash-attn", "on", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = only_run(out)
+    return run, [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
+
+
+def test_repeat_runs_every_prompt_again_with_the_next_seed(options_run):
+    run, results = options_run
+    plan = json.loads((run / "plan.json").read_text())
+    assert {i["policy"]["seed"] for i in plan["instances"]} == {7}
+    gens = [g for f in trace_files(run) if f.parent == run / "traces" for g in read_records(f)
+            if g["type"] == "generation"]
+    ran = [r for r in results if r["status"] == "ok"]
+    assert ran and sorted((g["config"], g["repeat"]) for g in gens) == sorted((r["config"], k) for r in ran
+                                                                                for k in (0, 1))
+    metrics = json.loads((run / "metrics.json").read_text())
+    for m in metrics:  # both repeats count
+        assert m["tokens"] == sum(g["n_tokens"] for g in gens if g["config"] == m["config"])
+
+
+def test_skip_unsupported_records_gpu_configurations_as_skipped(options_run):
+    run, results = options_run
+    if gpu_build():
+        assert all(r["status"] == "ok" for r in results)  # a GPU build runs them
+        return
+    skipped = [r for r in results if r["status"] == "skipped"]
+    assert skipped and {r["ngl"] for r in skipped} == {99} and all("GPU" in r["error"] for r in skipped)
+    assert {r["ngl"] for r in results if r["status"] == "ok"} == {0}
+    assert "GPU offload requested but this build has none" in report_md(run)
+
+
+def test_cache_type_v_sets_the_targets_v_cache(options_run):
+    """K f16 with V q8_0 against both f16: llama.cpp's KV figure for the target follows the types."""
+    _, results = options_run
+    ok = {r["cache_v"]: r for r in results if r["status"] == "ok" and r["draft"] == "none" and r["ngl"] == 0}
+
+    def kv(r):
+        return sum(b["bytes"] for b in r["memory"] if b["kind"] == "kv" and b["model"] == "target")
+    n = kv(ok["f16"]) // 4  # elements of K (= of V): f16 keeps 2 bytes each of both
+    assert kv(ok["q8_0"]) == pytest.approx(cache_bytes("f16", n) + cache_bytes("q8_0", n), rel=0.01)
+
+
+@pytest.mark.slow  # rounds of a real run until settled: 11 s
+def test_until_confident_stops_once_every_verdict_has_settled(tmp_path, smol, monkeypatch):
+    """Which verdicts are open is the verdicts' business (tested with them); here the loop: a category open
+    after round 0 gets its next prompt, and once none is open the run stops, says so, and records why."""
+    import harness.bench.run as bench_run
+    looks = []
+
+    def open_once(verdicts):
+        looks.append(verdicts is not None)
+        return ["code"] if len(looks) == 1 else []
+    monkeypatch.setattr(bench_run, "open_categories", open_once)
+    out = tmp_path / "r"
+    r = harness("bench", "--target", T, "--draft", "ngram:2", "--gamma", "2", "--max-tokens", "6", "--threads", "1",
+                "--prompts", str(PROMPT_FILE), "--categories", "code", "--per-category", "1", "--until-confident",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "--until-confident: settled after 2 round(s)" in r.stderr and looks == [True, True]
+    plan = json.loads((only_run(out) / "plan.json").read_text())
+    assert plan["rounds"] == [["code-1"], ["code-2"]] and plan["until_confident"]["stopped"] == "settled"
+    assert [h["round"] for h in plan["until_confident"]["history"]] == [0, 1]
+
+
+# -- bench --dry-run
+def test_a_dry_run_prints_the_plan_and_the_cuts_and_runs_nothing(tmp_path, smol, smol_q2k):
+    out = tmp_path / "r"
+    r = harness("bench", "--target", T, "--draft", f"{D},ngram:2", "--gamma", "1,2,3,4,5,6", "--prompts", PROMPT_FILE,
+                "--max-tokens", "64", "--replay", "--replay-gamma", "6", "--timed-subset", "1", "--paired",
+                "--budget-min", "0.01", "--dry-run", "--out", out)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("budget 0.01 min (fitted to 85% of it): estimated ")
+    assert "cut max tokens 64 -> 16, replay gamma 6 -> 4" in lines[0], lines
+    assert lines[0].endswith("nothing more can be cut: running anyway"), lines
+    assert "x 6 prompts x 1 repeat(s); 1 unit(s) to run, then the replay of 1 baseline(s)" in r.stderr
+    assert "up to gamma 4" in r.stderr and "estimated time: about" in r.stderr
+    est = next(ln for ln in lines if ln.startswith("estimated time: about"))
+    assert all(f"{part} " in est for part in ("units", "replay", "timed subset", "worker starts and model loads"))
+    assert f"dry run: each model's probe for the estimate ({T}: a prompt token " in r.stderr, r.stderr
+    assert " ms a further token of a block; loaded in " in r.stderr and f" s; {D}: " in r.stderr and not out.exists()

@@ -1,20 +1,11 @@
-"""The time budget (bench.budget: what is cut, in which order, down to which floor), the progress lines
-(bench.progress) and `bench --dry-run`. The planner and the lines are pure: a cost function stands in for the
-estimate."""
-import io
-import json
-import time
+"""The time budget (bench.budget: what is cut, in which order, down to which floor). The planner is pure: a cost
+function stands in for the estimate."""
 from dataclasses import replace
 
-import pytest
-
 from harness.bench.budget import MIN_PROMPTS, fit
-from harness.bench.progress import GENERATION, Progress, clock, count, line, replay_watch, timed_watch
 from harness.plan import Params
 from harness.specs import Gamma
 from harness.report.sections import budget_line
-from tests.conftest import PROMPT_FILE, D, T
-from tests.helpers import harness, one_line_error
 
 DEFAULT = Params(target=["t"], draft=["d", "ngram:3"], gamma=list(range(1, 9)), max_tokens=32, replay=True,
                  replay_gamma=8, timed_subset=1, paired=True, budget_min=20)
@@ -96,96 +87,3 @@ def test_a_timed_sweep_loses_its_largest_gammas_and_keeps_auto():
 def test_each_prompts_own_max_tokens_is_halved_from_the_longest():
     f = fit(replace(DEFAULT, max_tokens=0, budget_min=1), cost, 10, 96)
     assert (f.cuts[0].before, f.params.max_tokens) == (96, 16)
-
-
-# -- progress -------------------------------------------------------------------------------------------------
-
-def test_progress_line_and_clock():
-    assert clock(59.6) == "1:00" and clock(3725) == "1:02:05"
-    assert line("[1/2] base", 0, 60, 12) == "[1/2] base: 0/60 prompts, 0:12 elapsed"
-    assert line("[1/2] base", 20, 60, 100) == "[1/2] base: 20/60 prompts, 1:40 elapsed, about 3:20 left"
-    # resumed at 40: the 10 prompts this worker ran took the 100 s
-    assert line("u", 50, 60, 100, done_at_start=40) == "u: 50/60 prompts, 1:40 elapsed, about 1:40 left"
-    assert line("u", 60, 60, 100) == "u: 60/60 prompts, 1:40 elapsed"
-    # weighed by each prompt's estimated time: the two done were a tenth of the work
-    assert line("u", 2, 4, 10, weights=[1, 1, 8, 10]) == "u: 2/4 prompts, 0:10 elapsed, about 1:30 left"
-    assert line("u", 3, 4, 20, done_at_start=2, weights=[1, 1, 8, 10]) == \
-        "u: 3/4 prompts, 0:20 elapsed, about 0:25 left"
-    # on a terminal the label gives way, the figures stay
-    assert line("[1/2] " + "x" * 100, 20, 60, 100, width=60) == \
-        "[1/2] xxxxx...: 20/60 prompts, 1:40 elapsed, about 3:20 left"  # 60 characters
-
-
-def test_progress_counts_the_records_a_finished_prompt_writes(tmp_path):
-    from harness.trace import TraceWriter
-    run = tmp_path / "run"
-    spec, twin = timed_watch(run, "g2-x", paired=True)
-    for path, _, _ in (spec, twin):
-        path.parent.mkdir(parents=True)
-    assert count([spec, twin]) == 0  # nothing written yet
-    tw = TraceWriter(spec[0], config="g2-x", mode="speculative", category="code", prompt_id="p1", repeat=0)
-    tw.write({"type": "step", "text": '"type": "generation"'})  # the marker inside a string does not count
-    tw.write({"type": "generation", "tokens": [1, 2]})
-    tw.close()
-    assert count([spec]) == 1 and count([spec, twin]) == 0  # its twin has not run yet
-    (f, marker, per), = replay_watch(run, "base-x", 2)
-    f.parent.mkdir(parents=True)
-    tw = TraceWriter(f, config="base-x", mode="replay", policy="greedy")
-    tw.write({"type": "replay_prompt", "prompt_id": "p1"})
-    tw.write({"type": "replay", "prompt_id": "p1", "proposer": "a"})
-    assert count([(f, marker, per)]) == 0
-    tw.write({"type": "replay", "prompt_id": "p1", "proposer": "b"})
-    tw.close()
-    assert count([(f, marker, per)]) == 1 and count(replay_watch(run, "base-x", 0)) == 1
-    assert marker != GENERATION
-
-
-def test_progress_says_how_far_an_interrupted_unit_got(tmp_path):
-    f = tmp_path / "t.jsonl"
-    f.write_text(json.dumps({"type": "generation"}) + "\n")
-    out = io.StringIO()
-    with pytest.raises(KeyboardInterrupt), Progress("[1/1] base", 3, [(f, GENERATION, 1)], stream=out):
-        raise KeyboardInterrupt
-    assert out.getvalue() == "[1/1] base: stopped after 1 of 3 prompts\n"  # off a terminal, nothing before 30 s
-
-
-def test_on_a_terminal_the_line_is_rewritten_in_place_and_cleared_at_the_end(tmp_path, monkeypatch):
-    import harness.bench.progress as progress
-
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-    monkeypatch.setattr(progress, "TTY_EVERY_S", 0.01)
-    f, out = tmp_path / "t.jsonl", Terminal()
-    with Progress("[1/1] base", 2, [(f, GENERATION, 1)], stream=out):
-        time.sleep(0.1)
-        f.write_text(json.dumps({"type": "generation"}) + "\n")
-        time.sleep(0.1)
-    text = out.getvalue()
-    assert "\r\x1b[K[1/1] base: 0/2 prompts, 0:00 elapsed\r" in text, text
-    assert "\r\x1b[K[1/1] base: 1/2 prompts, 0:00 elapsed, about 0:00 left\r" in text, text
-    assert text.endswith("\r\x1b[K") and "\n" not in text  # the unit's own line takes its place
-
-
-# -- bench --dry-run ------------------------------------------------------------------------------------------
-
-def test_a_dry_run_prints_the_plan_and_the_cuts_and_runs_nothing(tmp_path, smol, smol_q2k):
-    out = tmp_path / "r"
-    r = harness("bench", "--target", T, "--draft", f"{D},ngram:2", "--gamma", "1,2,3,4,5,6", "--prompts", PROMPT_FILE,
-                "--max-tokens", "64", "--replay", "--replay-gamma", "6", "--timed-subset", "1", "--paired",
-                "--budget-min", "0.01", "--dry-run", "--out", out)
-    assert r.returncode == 0, r.stderr
-    lines = r.stderr.splitlines()
-    assert lines[0].startswith("budget 0.01 min (fitted to 85% of it): estimated ")
-    assert "cut max tokens 64 -> 16, replay gamma 6 -> 4" in lines[0], lines
-    assert lines[0].endswith("nothing more can be cut: running anyway"), lines
-    assert "x 6 prompts x 1 repeat(s); 1 unit(s) to run, then the replay of 1 baseline(s)" in r.stderr
-    assert "up to gamma 4" in r.stderr and "estimated time: about" in r.stderr
-    est = next(ln for ln in lines if ln.startswith("estimated time: about"))
-    assert all(f"{part} " in est for part in ("units", "replay", "timed subset", "worker starts and model loads"))
-    assert f"dry run: each model's probe for the estimate ({T}: a prompt token " in r.stderr, r.stderr
-    assert " ms a further token of a block; loaded in " in r.stderr and f" s; {D}: " in r.stderr and not out.exists()
-
-
-def test_a_dry_run_plans_a_new_run_only(tmp_path):
-    one_line_error(harness("bench", "--resume", tmp_path, "--dry-run"), "--dry-run", "--resume")

@@ -1,62 +1,13 @@
-"""The loop's overhead per step, one convention everywhere: a step that verified k logits rows (its drafts and one
-more) costs k times the overhead per row, in the cost model, the replay and the adaptive controller alike."""
+"""calibrate.py: the decode costs a worker measures before its generations (in_situ, on SmolLM2, from the
+prompts' cached state too) and after them, pooled; `harness calibrate`'s table and its refusal before loading."""
 import pytest
 
-from harness.analysis.predict import costs_at
-from harness.analysis.replay import Step, step_ms
-from harness.costmodel import AdaptiveGamma, Costs, expected_tokens, predicted_speedup
-from harness.report.costs import overhead_per_row
-
-OH = 0.7
-CURVE = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, overhead_ms_per_row=OH, draft_curve=(5, 7, 8, 9))
-FLAT = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, overhead_ms_per_row=OH)
-FREE = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, draft_curve=(5, 7, 8, 9))
-
-
-@pytest.mark.parametrize("gamma", range(5))
-def test_a_step_of_k_rows_costs_k_rows_overhead_in_the_model_and_the_replay(gamma):
-    rows = gamma + 1
-    assert CURVE.overhead(rows) == pytest.approx(rows * OH)
-    assert CURVE.step_ms(gamma) - FREE.step_ms(gamma) == pytest.approx(rows * OH)
-    for s in (Step(gamma, 0, 1, gamma > 0), Step(gamma, gamma, gamma + 1)):
-        assert step_ms(s, CURVE) - step_ms(s, FREE) == pytest.approx(rows * OH)
-    # a step rejected at its first draft, without a draft curve: the model's step is the replay's
-    assert FLAT.step_ms(gamma) == pytest.approx(step_ms(Step(gamma, 0, 1, gamma > 0), FLAT))
-    assert CURVE.step_ms(0) == pytest.approx(step_ms(Step(0, 0, 1), CURVE))  # a plain decode: no draft at all
-
-
-@pytest.mark.parametrize("gamma", [1, 2, 4])
-@pytest.mark.parametrize("backlog", [0, 2])
-def test_the_controllers_price_is_the_replays_step_cost(gamma, backlog):
-    """probe_price is the expected step cost less the tokens it is worth: the replay's cost of the step, averaged
-    over all its drafts accepted (w.p. alpha^gamma: the draft's bonus catch-up) or not, at the same backlog."""
-    ctl = AdaptiveGamma(CURVE, 4)
-    ctl.backlog = backlog
-    a = ctl.alpha
-    replayed = (a ** gamma * step_ms(Step(gamma, gamma, gamma + 1), CURVE, backlog)
-                + (1 - a ** gamma) * step_ms(Step(gamma, 0, 1, True), CURVE, backlog))
-    # the tokens are worth what plain decoding would pay for them, its row's overhead included
-    assert ctl.probe_price(gamma) + expected_tokens(a, gamma) * (30 + OH) == pytest.approx(replayed)
-
-
-def test_plain_steps_in_the_predicted_speedup_pay_one_rows_overhead():
-    # half the steps propose 2 (3 rows), half decode plainly (1 row): 1.375 tokens per 0.5 x (10 + 60 + 3 x 0.7)
-    # + 0.5 x (30 + 0.7) ms, against plain decoding's 30 + 0.7 ms a token
-    ms = 0.5 * (2 * 5 + 60 + 3 * OH) + 0.5 * (30 + OH)
-    assert predicted_speedup(0.5, 2, FLAT, share=0.5) == pytest.approx(1.375 * (30 + OH) / ms)
-    # no overhead, no drafts accepted, nothing proposed: exactly plain decoding
-    assert predicted_speedup(0.0, 2, FLAT, share=0.0) == pytest.approx(1.0)
-
-
-def test_per_call_figures_become_per_row():
-    """A sweep row's overhead per target call, over its calls' rows: 10 calls proposing 20 drafts verified 30
-    rows, so 3 ms per call is 1 ms per row; the replay's costs record (from plain steps) is per row already."""
-    assert overhead_per_row({"overhead_ms_per_call": 3.0, "target_calls": 10, "proposed": 20}) == pytest.approx(1.0)
-    assert overhead_per_row({"overhead_ms_per_call": None, "target_calls": 10, "proposed": 20}) == 0.0
-    rec = {"contexts": [100], "target_ms_by_context": [[19.0, 30.0]], "draft_ms_by_context": [[4.0, 6.0]],
-           "overhead_ms": 0.5}
-    c = costs_at(rec, 100, 20.0)
-    assert c.overhead_ms_per_row == 0.5 and c.target_ms[0] == pytest.approx(19.5)  # a plain decode less its row
+from harness.engine import EngineConfig
+from harness.loop import Request, generate
+from harness.proposers import DraftModelProposer
+from harness.sampling import Policy
+from tests.conftest import T
+from tests.helpers import engine_pair, harness, one_line_error
 
 
 def test_two_moments_pool_their_repetitions():
@@ -99,3 +50,81 @@ def test_a_workers_costs_before_and_after_its_generations_are_pooled():
     assert got["b"]["plain_ms"] == [11.0, 42.0] and got["b"]["verify_ms"] == [21.0, 85.0]
     assert got["b"]["draft_ms"] == [5.0, 22.0] and got["b"]["draft_catch_up_ms"] == [8.0, 37.0]
     assert unit_costs([once])["a"] is once
+
+
+# -- `harness calibrate`
+def test_calibrate_refuses_before_loading(tmp_path, monkeypatch):
+    """--k-max above the batch is refused before any model loads (it used to measure for minutes)."""
+    import harness.calibrate as cal
+
+    def no_engine(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(cal, "Engine", no_engine)
+    one_line_error(harness("calibrate", T, "--k-max", "513", "--out", tmp_path), "--k-max 513")
+
+
+@pytest.mark.slow  # the threads-1 sweep and calibrations: 2 min of the fast tier
+def test_calibrate_prints_its_table_and_where_it_saved(calibrations):
+    cals, printed = calibrations
+    assert "vs k=1" in printed and all(f"saved to {c}" in printed for c in cals)
+
+
+# -- the costs measured in the worker (calibrate.in_situ), on SmolLM2
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+]
+CFG = EngineConfig(n_ctx=512, n_batch=64)
+
+
+@pytest.fixture(scope="module")
+def engines(smol, smol_q2k):
+    with engine_pair(smol, smol_q2k, CFG) as pair:
+        yield pair
+
+
+def requests(engine, n_tokens=32):
+    out = []
+    for i, text in enumerate(PROMPTS):
+        toks = engine.vocab.tokenize(engine.vocab.apply_chat_template([{"role": "user", "content": text}]))
+        out.append(Request(f"p{i}", toks, n_tokens))
+    return out
+
+
+def test_costs_measured_in_the_worker(engines):
+    """calibrate.in_situ: the target's blocks with all logits, the draft's with the last row's only."""
+    from harness.calibrate import in_situ
+    target, draft = engines
+    tokens = requests(target)[0].tokens
+    rec = in_situ(target, draft, tokens, k_max=3, contexts=(16, 48), reps=2)
+    assert rec["type"] == "costs" and rec["contexts"] == [16, 48] and rec["k"] == 3
+    for role in ("target_ms_by_context", "draft_ms_by_context"):  # k = 1..3 after each context
+        assert [len(x) for x in rec[role]] == [3, 3] and all(v > 0 for x in rec[role] for v in x)
+    room = min(target.n_ctx, draft.n_ctx) - 3 - 2  # a context that does not fit is replaced by the largest that does
+    assert in_situ(target, None, tokens, k_max=3, contexts=(10 ** 6,), reps=1)["contexts"] == [room]
+    assert target.n_past == 0 and draft.n_past == 0  # both left empty for the generations
+
+
+def test_costs_start_from_the_prompts_cached_state(engines, tmp_path):
+    """calibrate.in_situ with the run's prompt cache: each context starts from the longest prompt that fits, as
+    the loop evaluates it (all but its last token), which the generation then restores."""
+    from harness.calibrate import in_situ
+    from harness.promptcache import PromptCache
+    target, draft = engines
+    reqs = requests(target)
+    cache = PromptCache(tmp_path)
+    starts = [r.tokens[:-1] for r in reqs]
+    short, long = sorted(len(x) for x in starts)[0], max(len(x) for x in starts)
+    text = [t for r in reqs for t in r.tokens]
+    rec = in_situ(target, draft, text, k_max=3, contexts=(short, long + 20), reps=1, cache=cache, prefixes=starts)
+    assert rec["contexts"] == [short, long + 20] and all(v > 0 for x in rec["target_ms_by_context"] for v in x)
+    assert cache.counts() == {"restored": 0, "evaluated": 4, "rejected": 0, "unsaved": 0}  # 2 prompts x 2 models
+    assert target.n_past == 0 and draft.n_past == 0
+    # measured again (after the generations): every start restored
+    in_situ(target, draft, text, k_max=3, contexts=(short, long + 20), reps=1, cache=cache, prefixes=starts)
+    assert cache.counts()["restored"] == 4
+    # the generation of the longest prompt restores what the costs evaluated
+    gen = generate(target, max(reqs, key=lambda r: len(r.tokens)), Policy(), DraftModelProposer(draft, cache=cache),
+                   2, cache=cache)
+    assert gen["prompt_cached"] and cache.counts()["restored"] == 6 and cache.counts()["evaluated"] == 4

@@ -1,67 +1,15 @@
-"""cli.main and the bench command's parsing, against issue 43's bad-input sweep: closed standard streams, an option
-that takes one value given twice; and --help's layout (issue 44, item 6): bench's first screen, the advanced options
-below it, the maintenance commands apart."""
+"""cli.main and the bench command's parsing, against issue 43's bad-input sweep: an option that takes one value
+given twice, options that need --resume or refuse it, an advanced option parsed as before."""
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
-
-import click
-
 from tests.conftest import PROMPT_FILE, T
-from tests.helpers import HARNESS, ROOT, harness, one_line_error, only_run
-
-
-def test_bench_with_stdout_and_stderr_closed_runs_and_reports(tmp_path, smol):
-    """Progress wrote to a None stderr: a traceback, and a half-made run directory."""
-    out = tmp_path / "out"
-    cmd = shlex.join([*HARNESS, "bench", "--target", T, "--prompts", str(PROMPT_FILE), "--categories", "code",
-                      "--per-category", "1", "--max-tokens", "4", "--allow-busy", "--busy-threshold", "1", "--out",
-                      str(out)]) + " >&- 2>&-"
-    r = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=os.environ | {"CI": "true"}, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0
-    run = only_run(out)
-    assert (out / f"{run.name}.md").exists() and (run / "results.jsonl").exists()
+from tests.helpers import harness, one_line_error
 
 
 def test_a_profile_given_twice_is_refused(tmp_path):
     r = harness("bench", "--profile", "smoke", "--profile", "default", "--out", tmp_path / "out")
     one_line_error(r, "--profile given 2 times", "smoke, default")
     assert not (tmp_path / "out").exists()
-
-
-def _help(*args) -> dict[str, list[str]]:
-    """`harness ARGS --help` at 80 columns, as its sections: heading -> the options (or commands) listed under it."""
-    r = harness(*args, "--help", env={"COLUMNS": "80"})
-    assert r.returncode == 0, r.stderr
-    sections, rows = {}, None
-    for line in r.stdout.splitlines():
-        if line.endswith(":") and not line.startswith(" "):
-            rows = sections.setdefault(line[:-1], [])
-        elif rows is not None and line.startswith("  ") and not line.startswith("   "):
-            rows.append(line.split()[0])
-    return sections
-
-
-def test_bench_help_shows_what_a_user_needs_first_and_every_option_once():
-    from harness.cli import bench
-    sections = _help("bench")
-    first, rest = sections["Options"], sections["Advanced options (docs/usage.md)"]
-    assert list(sections) == ["Options", "Advanced options (docs/usage.md)"]
-    assert len(first) <= 16 and {"--profile", "--target", "--draft", "--gamma", "--dry-run", "--help"} <= set(first)
-    assert {"--replay-gamma", "--paired", "--timed-subset", "--busy-threshold", "--cache-type-k-draft"} <= set(rest)
-    declared = [p.opts[0] for p in bench.params if isinstance(p, click.Option)]
-    assert sorted(first + rest) == sorted([*declared, "--help"])  # none left out, none twice
-
-
-def test_harness_help_lists_the_maintenance_commands_apart():
-    from harness.cli import cli
-    sections = _help()
-    assert sections["Maintenance commands"] == ["archive", "crosscheck"]
-    assert {"bench", "run", "report", "models", "predict"} <= set(sections["Commands"])
-    assert sorted(sections["Commands"] + sections["Maintenance commands"]) == sorted(cli.commands)
-    assert _help("predict")["Maintenance options"] == ["--against"]
 
 
 def test_an_advanced_option_parses_as_before(monkeypatch, tmp_path):
@@ -77,3 +25,11 @@ def test_an_advanced_option_parses_as_before(monkeypatch, tmp_path):
     assert (p.replay, p.replay_gamma, p.timed_subset, p.paired, p.min_gain) == (True, 3, 1, True, 0.1)
     one_line_error(harness(*args, "--replay-gamma", "3"), "--replay-gamma 3", "give --replay")
     assert len(seen) == 1 and not (tmp_path / "out").exists()
+
+
+def test_rerun_busy_needs_resume(tmp_path):
+    one_line_error(harness("bench", "--target", T, "--rerun-busy", "--out", str(tmp_path / "r")), "--resume")
+
+
+def test_a_dry_run_plans_a_new_run_only(tmp_path):
+    one_line_error(harness("bench", "--resume", tmp_path, "--dry-run"), "--dry-run", "--resume")

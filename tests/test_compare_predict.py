@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.conftest import CATEGORIES, D, POLICIES, T
-from tests.helpers import harness, md_table, one_line_error
+from tests.helpers import calibration as _calibration, harness, md_table, one_line_error, out_files as _setup
 
 
 
@@ -14,12 +14,6 @@ from tests.helpers import harness, md_table, one_line_error
 def machine(tmp_path_factory, replay_run, calibrations, timed_run_t1):
     """The replay at 2 threads, both models calibrated at 1 thread, the same sweep timed at 1 thread."""
     return tmp_path_factory.mktemp("predict"), replay_run, calibrations[0], timed_run_t1
-
-
-@pytest.mark.slow  # the threads-1 sweep and calibrations: 2 min of the fast tier
-def test_calibrate_prints_its_table_and_where_it_saved(calibrations):
-    cals, printed = calibrations
-    assert "vs k=1" in printed and all(f"saved to {c}" in printed for c in cals)
 
 
 @pytest.mark.slow  # the threads-1 sweep and calibrations: 2 min of the fast tier
@@ -63,27 +57,6 @@ def test_the_replays_costs_are_swapped_for_the_calibrated_ones():
     assert got[1]["target_ms_by_context"] == [[10, 12], [11, 13]] and got[1]["contexts"] == [128, 1024]
     assert got[1]["draft_ms_by_context"] == [[2, 3], [2.5, 3.5]] and got[1]["overhead_ms"] == 0.3
     assert got[2]["draft_ms_by_context"] == [[0.01, 0.01]]  # a lookup's time is the harness's own
-
-
-def test_a_timed_configurations_own_costs_replace_the_replays():
-    from harness.analysis.predict import with_unit_costs
-    rec = {"type": "costs", "config": "b", "proposer": D, "contexts": [20, 900], "reps": 6, "overhead_ms": 0.3,
-           "target_ms_by_context": [[1, 2], [3, 4]], "target_sd_by_context": [[0.1, 0.1], [0.1, 0.1]],
-           "target_times_by_context": [[[1], [2]], [[3], [4]]], "draft_ms_by_context": [[0.5, 0.7], [0.6, 0.8]],
-           "draft_sd_by_context": [[0.01, 0.01], [0.01, 0.01]]}
-    unit = {"type": "costs", "config": "g1", "contexts": [40], "reps": 3, "target_ms_by_context": [[1.1, 1.9]],
-            "target_sd_by_context": [[0.2, 0.2]], "target_times_by_context": [[[1.1], [1.9]]],
-            "draft_ms_by_context": [[0.4, 0.6]], "draft_sd_by_context": [[0.02, 0.02]]}
-    got = with_unit_costs(rec, unit)
-    assert got == {"type": "costs", "config": "b", "proposer": D, "contexts": [40], "reps": 3, "overhead_ms": 0.3,
-                   "target_ms_by_context": [[1.1, 1.9]], "target_sd_by_context": [[0.2, 0.2]],
-                   "draft_ms_by_context": [[0.4, 0.6]], "draft_sd_by_context": [[0.02, 0.02]]}
-    # a lookup's worker times the target only: its lookup time stays the replay's, with no spread either way
-    lookup = {k: v for k, v in rec.items() if not k.startswith("draft_sd")} | {"proposer": "ngram:2"}
-    bare = {k: v for k, v in unit.items() if not k.startswith("draft")}
-    got = with_unit_costs(lookup, bare)
-    assert got["draft_ms_by_context"] == rec["draft_ms_by_context"] and "draft_sd_by_context" not in got
-    assert got["target_ms_by_context"] == [[1.1, 1.9]] and got["contexts"] == [40]
 
 
 def test_against_timed_counts_the_greedy_rows_that_took_the_same_steps():
@@ -227,3 +200,18 @@ def test_a_calibration_taken_on_a_busy_machine_gives_no_verdict(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = md_table(Path(r.stdout.strip()).read_text(), "# Predicted for")
     assert rows and all(x["verdict"] == "unreliable (busy machine)" for x in rows)
+
+
+def test_zero_costs_never_divide(tmp_path):
+    """The zero-cost calibration is refused as such, not by a ZeroDivisionError further on."""
+    from harness.compare.predict import load_calibrations
+    from harness.errors import HarnessError
+    names = _setup(tmp_path)
+    with pytest.raises(HarnessError, match="positive time"):
+        load_calibrations([names["ZERO"]])
+    half = _calibration(ms_last_by_context=[[4.0, 0, 5.0], [5.0, 5.5, 6.0]])
+    (tmp_path / "half.json").write_text(json.dumps(half))
+    with pytest.raises(HarnessError, match="positive time"):
+        load_calibrations([str(tmp_path / "half.json")])
+    (tmp_path / "ok.json").write_text(json.dumps(_calibration()))
+    assert load_calibrations([str(tmp_path / "ok.json")])[0][T]["k"] == [1, 2, 3]

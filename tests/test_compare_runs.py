@@ -218,3 +218,10 @@ def test_a_contradicted_prediction_is_compared_as_the_answer_gives_it():
     assert set(v["verdict"]) == {"speculate"}
     got = _answered(v, {"replay": pred, "replay_verdicts": v}, {"instances": [INSTANCE], "params": {}})
     assert set(got["verdict"]) == {"inconclusive"} and got.columns == v.columns
+
+
+def test_reports_compare_ignored():
+    """compare's default output is not committed; predict's are, only those committed already."""
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    assert "reports/compare/" in lines
+    assert "reports/predict/*" in lines

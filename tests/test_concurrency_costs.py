@@ -1,23 +1,11 @@
-"""Uneven batches: how llama.cpp cuts a batch of several sequences into ubatches (llama_batch_allocr::split_equal
-with a KV buffer per sequence, split_simple with one unified buffer), their prices, a batched run's prediction
-replayed from its step records (all pure), and --kv-unified swept as a plan setting."""
-from dataclasses import replace
+"""The batched cost model (concurrency.costs), pure: a step priced on memory- and compute-bound cost curves, and
+uneven batches, as llama.cpp cuts a batch of several sequences into ubatches (llama_batch_allocr::split_equal
+with a KV buffer per sequence, split_simple with one unified buffer), and their prices."""
 
 import pytest
 
-from harness.concurrency.costs import BatchCosts, batch_ms, shaped_step_ms, split
-from harness.concurrency.figures import _batched, _per_sequence, agreement, gap, shaped_prices
-from harness.errors import HarnessError
-from harness.plan import Instance, Params, expand, make_params
-from harness.sampling import Policy
-from harness.specs import DraftModel
-from harness.report.howto import howto
-from harness.report.concurrency import agreement_line
-from tests.conftest import PROMPT_FILE
-from tests.helpers import harness, one_line_error
-
-T, D = "smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q2_k"
-GREEDY = Policy()
+from harness.concurrency.costs import (BatchCosts, batch_ms, from_record, predicted_speedup, shaped_step_ms, split,
+                                       step_ms)
 # run 20261201-224743-vm's batched costs (code, greedy): 1, 2, 4 and 8 sequences, blocks of 4
 C = BatchCosts((1, 2, 4, 8), (38.9, 64.2, 108.6, 182.8), (105.2, 188.5, 242.3, 406.0), (26.8, 59.0, 71.6, 101.6),
                block=4)
@@ -87,60 +75,52 @@ def test_a_step_prices_the_catch_up_each_draft_position_and_the_verification():
         3 * C.draft(2) + C.verify(2))
 
 
-def step(batch_step, seq, pid, proposed, emitted, gamma=3, ms=(10.0, 50.0, 1.0)):
-    return {"type": "step", "batch_step": batch_step, "seq": seq, "prompt_id": pid, "repeat": 0, "gamma": gamma,
-            "proposed": proposed, "emitted": emitted, "draft_ms": ms[0], "verify_ms": ms[1], "overhead_ms": ms[2]}
+# -- a step priced on memory- and compute-bound cost curves
+def costs(per_seq: float, fixed: float = 40.0, draft_share: float = 0.25, gamma: int = 4,
+          counts=(1, 2, 4, 8, 16, 32, 64)) -> BatchCosts:
+    """Reading the weights costs `fixed` ms whatever the batch (memory-bound); each token per_seq ms more."""
+    return BatchCosts(counts, tuple(fixed + per_seq * m for m in counts),
+                      tuple(fixed + per_seq * m * (gamma + 1) for m in counts),
+                      tuple(draft_share * (fixed + per_seq * m) for m in counts))
 
 
-def test_a_batched_runs_steps_are_replayed_from_its_records_and_weighted_by_the_sequences_in_them():
-    recs = [step(0, 0, "a", 3, 4), step(0, 1, "b", 3, 1), step(1, 0, "a", 3, 2), step(1, 1, "b", 3, 4),
-            step(2, 0, "a", 0, 1, gamma=0)]
-    groups = _batched(recs)
-    assert [[s["seq"] for s in g] for g in groups] == [[0, 1], [0, 1], [0]]
-    first = 1.0 + shaped_step_ms(C, [0, 1], [4, 4], [1, 1], [2, 2])
-    # "a" accepted all three (4 tokens, 2 drafts fed back): its draft catches up 2; "b" rejected: 1
-    second = 1.0 + shaped_step_ms(C, [0, 1], [4, 4], [2, 1], [2, 2])
-    third = 1.0 + shaped_step_ms(C, [0], [1], [0], [0])  # a request's last token: nothing drafted
-    assert _per_sequence(groups, shaped_prices(C, groups, False)) == pytest.approx((2 * first + 2 * second + third) / 5)
-    assert _batched([{"type": "step", "step": 0}]) is None  # a sequential run's records
+def test_batch_costs_interpolate_between_counts_and_scale_beyond():
+    c = BatchCosts((1, 4, 8), (10.0, 16.0, 20.0), (20.0, 40.0, 60.0), (2.0, 3.0, 4.0))
+    assert c.plain(1) == 10 and c.plain(6) == pytest.approx(18.0) and c.plain(16) == pytest.approx(40.0)
+    assert c.verify(2) == pytest.approx(26.667, abs=1e-3) and c.draft(8) == 4.0
+    assert BatchCosts((1,), (5.0,), (9.0,)).draft(3) == 0.0  # a lookup has no draft cost
+    # gamma 3, all proposing: three draft decodes of 4 rows, one verification of 4 blocks
+    assert step_ms(c, 4, 3, overhead_ms=1.0) == pytest.approx(3 * 3.0 + 40.0 + 1.0)
+    assert step_ms(c, 4, 0) == 16.0 and step_ms(c, 4, 3, share=0.0) == 16.0
+    assert step_ms(c, 4, 3, share=0.5) == pytest.approx(9.0 + 20.0 + 8.0)
 
 
-def test_kv_unified_is_swept_labelled_and_reaches_both_engines():
-    insts = expand(make_params({}, {"target": T, "draft": D, "gamma": "2", "parallel": "1,4", "kv_unified": "off,on"}))
-    assert sorted({(i.parallel, i.kv_unified, i.setup) for i in insts}) == [
-        (1, False, ""), (4, False, "parallel 4"), (4, True, "parallel 4, unified KV")]  # one sequence: one buffer
-    four = next(i for i in insts if i.kv_unified and not i.baseline)
-    assert four.plain().kv_unified and four.engine_config(4096).kv_unified
-    one = Instance(T, DraftModel(D), 2, GREEDY, 0, 0, 0)
-    assert four.draft_engine_config(4096).kv_unified and not one.engine_config(4096).kv_unified
-    # off is the default, and stays out of the id: runs from before keep theirs
-    assert replace(one, parallel=4).id == replace(one, parallel=4, kv_unified=False).id
-    assert Params().kv_unified == ["off"]
-    assert " -np 4 -kvu " in howto(four, 4096, catalog={}).server  # llama-server's flag
-    with pytest.raises(HarnessError) as e:
-        make_params({}, {"target": T, "kv_unified": "maybe"})
-    assert "--kv-unified takes on, off" in str(e.value)
+def test_speculation_gains_while_a_step_is_memory_bound_and_loses_once_compute_fills_the_batch():
+    c = costs(1.0)
+    gains = [predicted_speedup(0.8, 4, c, n, c.plain(n)) for n in (1, 2, 4, 8, 16, 32, 64)]
+    assert gains[0] > 1.5 and gains == sorted(gains, reverse=True) and gains[-1] < 1
+    assert c.plain(8) / 8 < c.plain(1)  # and plain decoding's throughput grows with n
 
 
-def test_kv_unified_through_the_command_line_dry_run(tmp_path, smol, smol_q2k):
-    args = ("bench", "--target", T, "--draft", D, "--gamma", "2", "--parallel", "1,2", "--prompts", PROMPT_FILE,
-            "--max-tokens", "8", "--dry-run", "--allow-busy", "--out", tmp_path / "r")  # a dry run times nothing
-    r = harness(*args, "--kv-unified", "off,on")
-    # parallel 1: baseline and draft; parallel 2: both with a KV buffer per sequence, and both unified
-    assert r.returncode == 0 and "6 configurations x" in r.stderr, r.stderr
-    one_line_error(harness(*args, "--kv-unified", "yes"), "--kv-unified takes on, off")
+def test_a_lookup_that_rarely_proposes_costs_only_the_steps_that_do():
+    c = costs(2.0, fixed=10.0, draft_share=0.0, gamma=3)
+    assert predicted_speedup(1.0, 3, c, 2, c.plain(2), share=0.0) == pytest.approx(1.0)
+    assert predicted_speedup(1.0, 3, c, 2, c.plain(2), share=0.5) > 1.0
 
 
-def test_the_prediction_is_counted_beside_the_same_plain_work_timed_twice():
-    rows = [{"predicted": 1.05, "speedup": 1.0, "plain_step_ms": 200.0, "base_step_ms": 250.0},
-            {"predicted": 0.5, "speedup": 0.6, "plain_step_ms": 210.0, "base_step_ms": 200.0},
-            {"predicted": None, "speedup": 0.9, "plain_step_ms": 200.0, "base_step_ms": None}]  # no twin, no cost
-    assert gap(0.5, 0.6) == pytest.approx(0.2) and gap(0.6, 0.5) == gap(0.5, 0.6)
-    assert agreement(rows) == {"predicted": 1, "predicted_of": 2, "twice": 1, "twice_of": 2,
-                               "twice_max": pytest.approx(0.25)}
-    assert agreement([])["twice_max"] is None
-    # the report's line: the floor beside the prediction, and what narrows it only where the floor moved
-    line = agreement_line(rows)
-    assert "in 1 of 2 row(s)" in line and "agrees within 10% in 1 of 2 (the largest gap 25%)" in line
-    assert "a larger `--max-tokens` or `--repeat`" in line
-    assert "--max-tokens" not in agreement_line(rows[1:])
+def test_costs_records_measured_with_sequences_or_as_single_sequence_blocks():
+    rec = {"type": "costs", "seqs": [1, 2, 4], "context": 128, "plain_ms": [10, 12, 15], "verify_ms": [20, 30, 50],
+           "draft_ms": [3, 4, 6]}
+    c = from_record(rec, 500, 3, 4)
+    assert c.seqs == (1, 2, 4) and c.verify(3) == 40 and c.draft(4) == 6 and c.draft_catch_up_ms == ()
+    c = from_record(rec | {"draft_catch_up_ms": [5, 7, 10]}, 500, 3, 4)
+    assert c.ubatch(4, 2, draft=True) == 10 and c.ubatch(2, 1.5, draft=True) == pytest.approx(5.5)
+    # a run from before: one sequence's blocks of k tokens, at two contexts, priced at 1 and N sequences
+    old = {"contexts": [128, 1024], "k": 16, "ks": [1, 2, 4, 8, 16], "draft_ks": [1, 4],
+           "target_ms_by_context": [[10, 12, 15, 18, 30], [20, 22, 25, 28, 40]],
+           "draft_ms_by_context": [[2, 4], [4, 6]]}
+    c = from_record(old, 576, 3, 4)
+    assert c.seqs == (1, 4) and c.plain(1) == pytest.approx(15) and c.verify(1) == pytest.approx(20)
+    assert c.verify(4) == pytest.approx(35) and c.draft(4) == pytest.approx(5)
+    seq = from_record({"contexts": [128], "k": 4, "target_ms_by_context": [[10, 12, 14, 16]]}, 500, 3, 1)
+    assert seq.seqs == (1,) and (seq.plain(1), seq.verify(1)) == (10, 16) and seq.draft_ms == ()

@@ -1,10 +1,11 @@
-"""Cost model, break-even and the adaptive gamma controller: pure functions."""
+"""Cost model and the adaptive gamma controller: pure functions; the loop's overhead per verified row, one
+convention in the model, the replay and the controller; a calibration read at any context."""
 import numpy as np
 import pytest
 
+from harness.analysis.replay import Step, step_ms
 from harness.costmodel import AdaptiveGamma, Costs, best_gamma, expected_tokens, predicted_speedup
 from harness.errors import HarnessError
-from harness.analysis.verdict import break_even_rate
 
 
 def test_expected_tokens_known_values():
@@ -227,13 +228,6 @@ def test_one_hard_prompt_does_not_switch_speculation_off_for_the_category(costs,
     assert auto <= 1.10 * _oracle(costs, [(a, 64) for a in alphas], gm)
 
 
-def test_break_even_rate():
-    # a step of 3 decodes' cost with gamma 4 needs (3 - 1) / 4 = 50% acceptance
-    assert break_even_rate(90, 30, 4) == pytest.approx(0.5)
-    assert break_even_rate(200, 30, 4) is None  # even 100% cannot pay for it
-    assert break_even_rate(20, 30, 2) == 0.0
-
-
 def test_draft_step_counts_the_bonus_catch_up_when_all_are_accepted():
     c = Costs(target_ms=[10, 15, 18], draft_ms=2.0, draft_curve=(2.0, 3.0))
     assert c.draft_step_ms(2, 1.0) == 5.0  # two drafts, plus one more token to evaluate w.p. alpha^2
@@ -258,3 +252,77 @@ def test_a_batch_size_irregular_curve_is_read_per_block_size_not_smoothed():
     assert predicted_speedup(a, 6, IRREGULAR) == pytest.approx(0.943427, rel=1e-6)
     assert best_gamma(a, IRREGULAR, 8) == 7  # the dip at 8 tokens, found
     assert best_gamma(0.3, IRREGULAR, 8) == 0  # and no gamma when acceptance is low
+
+
+def test_costmodel_names_the_k_max_that_works():
+    """A calibration too short for a gamma names the --k-max that covers it (not just "a larger" one), and a
+    gamma the batch cannot hold names the largest one that fits."""
+    from harness.costmodel import Costs
+    from harness.errors import HarnessError
+    c = Costs((5.0, 6.0, 7.0), 4.0)
+    with pytest.raises(HarnessError, match=r"--k-max 9\b"):
+        c.verify(9)
+    with pytest.raises(HarnessError, match="the largest gamma is 511"):
+        c.verify(1001)
+
+
+# -- The loop's overhead per step, one convention everywhere: a step that verified k logits rows (its
+# drafts and one more) costs k times the overhead per row, in the cost model, the replay and the adaptive
+# controller alike.
+OH = 0.7
+CURVE = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, overhead_ms_per_row=OH, draft_curve=(5, 7, 8, 9))
+FLAT = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, overhead_ms_per_row=OH)
+FREE = Costs(target_ms=[30, 50, 60, 70, 80], draft_ms=5, draft_curve=(5, 7, 8, 9))
+
+
+@pytest.mark.parametrize("gamma", range(5))
+def test_a_step_of_k_rows_costs_k_rows_overhead_in_the_model_and_the_replay(gamma):
+    rows = gamma + 1
+    assert CURVE.overhead(rows) == pytest.approx(rows * OH)
+    assert CURVE.step_ms(gamma) - FREE.step_ms(gamma) == pytest.approx(rows * OH)
+    for s in (Step(gamma, 0, 1, gamma > 0), Step(gamma, gamma, gamma + 1)):
+        assert step_ms(s, CURVE) - step_ms(s, FREE) == pytest.approx(rows * OH)
+    # a step rejected at its first draft, without a draft curve: the model's step is the replay's
+    assert FLAT.step_ms(gamma) == pytest.approx(step_ms(Step(gamma, 0, 1, gamma > 0), FLAT))
+    assert CURVE.step_ms(0) == pytest.approx(step_ms(Step(0, 0, 1), CURVE))  # a plain decode: no draft at all
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("backlog", [0, 2])
+def test_the_controllers_price_is_the_replays_step_cost(gamma, backlog):
+    """probe_price is the expected step cost less the tokens it is worth: the replay's cost of the step, averaged
+    over all its drafts accepted (w.p. alpha^gamma: the draft's bonus catch-up) or not, at the same backlog."""
+    ctl = AdaptiveGamma(CURVE, 4)
+    ctl.backlog = backlog
+    a = ctl.alpha
+    replayed = (a ** gamma * step_ms(Step(gamma, gamma, gamma + 1), CURVE, backlog)
+                + (1 - a ** gamma) * step_ms(Step(gamma, 0, 1, True), CURVE, backlog))
+    # the tokens are worth what plain decoding would pay for them, its row's overhead included
+    assert ctl.probe_price(gamma) + expected_tokens(a, gamma) * (30 + OH) == pytest.approx(replayed)
+
+
+def test_plain_steps_in_the_predicted_speedup_pay_one_rows_overhead():
+    # half the steps propose 2 (3 rows), half decode plainly (1 row): 1.375 tokens per 0.5 x (10 + 60 + 3 x 0.7)
+    # + 0.5 x (30 + 0.7) ms, against plain decoding's 30 + 0.7 ms a token
+    ms = 0.5 * (2 * 5 + 60 + 3 * OH) + 0.5 * (30 + OH)
+    assert predicted_speedup(0.5, 2, FLAT, share=0.5) == pytest.approx(1.375 * (30 + OH) / ms)
+    # no overhead, no drafts accepted, nothing proposed: exactly plain decoding
+    assert predicted_speedup(0.0, 2, FLAT, share=0.0) == pytest.approx(1.0)
+
+
+def test_calibration_is_interpolated_linearly_between_contexts_and_held_beyond(tmp_path):
+    import json
+
+    from harness.calibrate import costs_at
+    from harness.costmodel import at_context
+    cal = {"contexts": [128, 1024], "ms_by_context": [[10.0, 16.0, 20.0], [14.0, 24.0, 32.0]]}
+    xs, rows = cal["contexts"], cal["ms_by_context"]
+    assert at_context(xs, rows, 64) == [10.0, 16.0, 20.0] and at_context(xs, rows, 4096) == [14.0, 24.0, 32.0]
+    assert at_context(xs, rows, 576) == pytest.approx([12.0, 20.0, 26.0])  # halfway
+    for name, ms in (("t", cal["ms_by_context"]), ("d", [[2.0, 3.0, 3.5], [4.0, 5.0, 5.5]])):
+        (tmp_path / f"{name}-t2-ngl0.json").write_text(json.dumps({"contexts": [128, 1024], "ms_by_context": ms}))
+    c = costs_at(tmp_path, "t", "d", 2, 0, 0, 576, overhead_ms_per_row=0.5)
+    assert c.target_ms == pytest.approx([12.0, 20.0, 26.0]) and c.draft_ms == pytest.approx(3.0)
+    assert c.draft_curve == pytest.approx((3.0, 4.0, 4.5)) and c.overhead_ms_per_row == 0.5
+    assert costs_at(tmp_path, "t", "missing", 2, 0, 0, 576) is None
+    assert costs_at(tmp_path, "t", None, 2, 0, 0, 576).draft_ms == 0.0  # an n-gram proposer: no model

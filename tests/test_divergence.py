@@ -3,7 +3,6 @@ verification block, on a scripted engine whose batched kernel picks another toke
 import numpy as np
 import pytest
 
-from harness.analysis import metrics
 from harness.divergence import blocks, first_divergence, kernel_check, margin
 from harness.loop import Request, generate
 from harness.sampling import Policy
@@ -60,12 +59,3 @@ def test_first_divergence():
 def test_margin():
     assert margin(np.array([0.0, 2.5, 1.0, 2.0])) == pytest.approx(0.5)
     assert margin(np.array([3.0, 3.0])) == 0.0
-
-
-def test_classify_takes_the_kind_from_the_recorded_check():
-    ev = {"diverged_at": 1, "kind": "kernel near-tie", "margin": 0.05}
-    assert metrics.classify([1, 2], [1, 2], None)["kind"] == "equal"
-    assert metrics.classify([1, 2], [1, 3], ev) == {"equal": False, "diverged_at": 1, "margin": 0.05,
-                                                    "kind": "kernel near-tie"}
-    assert metrics.classify([1, 2], [1, 3], None)["kind"] == "unchecked"
-    assert metrics.classify([7, 2], [1, 3], ev)["kind"] == "unchecked"  # a check of another position

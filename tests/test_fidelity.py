@@ -1,6 +1,6 @@
 """Quantization fidelity (harness/fidelity.py): the comparison maths, tokenizer refusal before any weights
-load, worker crashes, the full path on tiny generated GGUFs, and the real SmolLM2 Q4_1 / Q2_K pair
-(skipped when absent)."""
+load, worker crashes, the full path on tiny generated GGUFs, the real SmolLM2 Q4_1 / Q2_K pair
+(skipped when absent), and `harness fidelity` from the command line."""
 from __future__ import annotations
 
 import json
@@ -20,6 +20,8 @@ from harness.prompts import Prompt
 from harness.sampling import Policy, process
 from harness.verify import overlap
 from tests.tiny_gguf import write_tiny_model
+from tests.helpers import harness
+from tests.conftest import D, T
 
 pytestmark = pytest.mark.model
 
@@ -186,3 +188,12 @@ def test_smollm2_against_itself(smol_rows):
     m = re.search(r"teacher-forced argmax = greedy output at (\d+)/(\d+) positions", smol_rows[0]["note"])
     assert m and int(m[2]) == smol_rows[0]["positions"]
     assert int(m[1]) >= 0.9 * int(m[2])  # batched vs one-token decodes may flip a rare near-tie
+
+
+# -- `harness fidelity` from the command line
+def test_fidelity_cli(smol, smol_q2k):
+    r = harness("fidelity", T, D, "--categories", "code", "--per-category", "1", "--max-tokens", "8",
+                "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    assert "top-1" in r.stdout.lower() or "top1" in r.stdout.lower()
+    assert D in r.stdout and "requantized" in r.stdout.lower()

@@ -171,28 +171,3 @@ if __name__ == "__main__":
     import sys
     found = flags_from_arg_cpp(Path(sys.argv[1]).read_text())
     print("\n".join(f"{f}\t{','.join(sorted(t))}" for f, t in sorted(found.items())))
-
-
-def test_an_adaptive_best_runs_the_best_fixed_gamma_in_llama_cpp():
-    """llama.cpp has no adaptive draft length: the answer keeps the adaptive figure, but its commands (and the
-    crosscheck's instance) run the best fixed gamma of the same draft, named with its own prediction."""
-    import polars as pl
-
-    from harness.analysis.verdict import SPECULATE
-    from harness.plan import Instance
-    from harness.report.answer import answers
-    from harness.sampling import Policy
-    base = Instance("tgt", parse_draft("none"), 0, Policy(), 0, 0, 0)
-    row = {"target": "tgt", "ngl": 0, "threads": 0, "setup": "", "category": "code", "policy": "greedy",
-           "verdict": SPECULATE, "speedup": 1.6, "lo": 1.3, "hi": 2.0, "at_most": None, "further": None,
-           "min_gain": 0.05, "base": base.id, "draft": "dft", "gamma": 8, "adaptive": True, "verify": None,
-           "proposer": "dft"}
-    pred = pl.DataFrame([{"base": base.id, "category": "code", "draft": "dft", "gamma": g, "adaptive": a,
-                          "verify": None, "speedup": s, "speedup_lo": s - 0.2, "speedup_hi": s + 0.2}
-                         for g, a, s in ((8, True, 1.6), (3, False, 1.5), (8, False, 1.1), (1, False, 1.2))])
-    (a,) = answers({"replay_verdicts": pl.DataFrame([row]), "replay": pred},
-                   {"instances": [base.to_dict()], "params": {}})
-    assert a["configuration"] == "dft γ auto<=8" and a["speedup"] == 1.6
-    assert a["instance"].gamma == 3 and not a["instance"].adaptive
-    assert "--spec-draft-n-max 3" in a["server"]
-    assert "best fixed gamma, 3 (1.50x [1.30, 1.70] predicted)" in a["note"]

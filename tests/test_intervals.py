@@ -1,13 +1,11 @@
-"""Intervals and verdicts, pure: coverage on synthetic traces with a known speedup, and the three verdicts."""
-import math
+"""Intervals (analysis.intervals), pure: coverage on synthetic traces with a known speedup, the point estimates
+and the bootstrap by hand, one-prompt rows widened by the pace."""
 
 import numpy as np
 import pytest
 from scipy.stats import t as student_t
 
-from harness.analysis.intervals import (Generation, Row, interval, row_intervals, step_matrix,
-                                        t_quantile)
-from harness.analysis.verdict import BUSY, INCONCLUSIVE, NO_DATA, NO_GAIN, PLAIN, SPECULATE, Evidence, decide
+from harness.analysis.intervals import Generation, Row, row_intervals, step_matrix, t_quantile
 
 T, GAMMA = 48, 3
 PLAIN_MS, DRAFT_MS, VERIFY_MS = 60.0, 20.0, 72.0
@@ -112,75 +110,6 @@ def test_the_bootstrap_brackets_the_estimate_and_is_seeded():
     assert iv["speedup_lo"] < iv["speedup"] < iv["speedup_hi"] and iv["prompts"] == 4
     assert 0 <= iv["acceptance_rate_lo"] < iv["acceptance_rate"] < iv["acceptance_rate_hi"] <= 1
     assert row_intervals(row, "row-a") == iv  # seeded by the row's key: a report regenerates identically
-
-
-def ev(speedup, se=0.05, prompts=5, busy=False, config="c"):
-    return Evidence(config, speedup, se, prompts, busy)
-
-
-def test_verdicts_exactly_where_the_interval_lies():
-    q = t_quantile(0.975, 4)
-    above = 1.05 * math.exp(q * 0.05) * 1.01  # just clear of 1 + 5% at n = 5, se 0.05
-    assert decide([ev(above)]).kind == SPECULATE
-    below = math.exp(-q * 0.05) * 0.99  # just clear of 1 below
-    assert decide([ev(below)]).kind == PLAIN
-    for x in (1.0, 1.05, math.exp(-q * 0.05) * 1.01, above / 1.02):
-        v = decide([ev(x)])
-        assert v.kind in (INCONCLUSIVE, NO_GAIN) and v.lo <= max(1, x) and v.hi >= 1
-    v = decide([ev(below)])
-    assert v.hi < 1 and (v.lo, v.hi) == pytest.approx(interval(below, 0.05, 5, log=True))
-
-
-def test_speculate_is_widened_for_picking_the_best_of_several():
-    q1 = t_quantile(0.975, 4)
-    barely = 1.05 * math.exp(q1 * 0.05) * 1.01  # clears 1 + 5% on its own 95% interval...
-    assert decide([ev(barely)]).kind == SPECULATE
-    v = decide([ev(barely, config="best"), ev(0.8, config="b"), ev(0.7, config="c"), ev(0.9, config="d")])
-    assert v.kind == INCONCLUSIVE and v.chosen.config == "best"  # ...not once it was picked from four
-    assert decide([ev(barely)], tried=4).kind == INCONCLUSIVE  # nor once it was chosen among four elsewhere
-    strong = decide([ev(1.5, config="best"), ev(0.8, config="b"), ev(0.7, config="c")])
-    assert strong.kind == SPECULATE and strong.adjusted and strong.k == 3 and strong.lo > 1.05
-
-
-def test_plain_needs_every_configuration_below_one():
-    v = decide([ev(0.7), ev(0.8), ev(0.99, se=0.2)])
-    assert v.kind == INCONCLUSIVE and v.chosen.speedup == 0.99
-    assert decide([ev(0.7), ev(0.8)]).kind == PLAIN
-
-
-def test_busy_one_prompt_and_no_data():
-    assert decide([ev(0.5), ev(0.6, busy=True)]).kind == BUSY
-    v = decide([ev(0.5, prompts=1)])
-    assert v.kind == INCONCLUSIVE and "one prompt" in v.why and v.further >= 2
-    assert decide([]).kind == NO_DATA and decide([ev(0.0)]).kind == NO_DATA
-
-
-def test_no_speculative_row_yet_gives_no_verdict_lines():
-    """An interrupt after the baselines only: the report still renders (no verdicts to give)."""
-    import polars as pl
-
-    from harness.report.verdicts import verdicts
-    sweep = pl.DataFrame({"target": ["t"], "policy": ["greedy"], "ngl": [0], "threads": [0], "setup": [""],
-                          "category": ["code"], "draft": ["none"], "config": ["base-1"], "speedup": [1.0],
-                          "speedup_se": [None], "prompts": [None], "proposed": [0]})
-    noise = pl.DataFrame({"config": ["base-1"], "busy": [False]})
-    assert len(verdicts(sweep, noise)) == 0
-
-
-def test_a_configuration_that_never_proposed_is_plain_decoding_and_no_evidence_either_way():
-    """An adaptive controller that judged every probe not worth it measures plain against plain: its interval
-    straddles 1, and must not keep the other configurations' intervals below 1 from saying plain decoding."""
-    import polars as pl
-
-    from harness.report.verdicts import verdicts
-    rows = {"draft": ["none", "d", "d"], "config": ["base-1", "g1-x", "auto-y"], "speedup": [1.0, 0.8, 1.0],
-            "speedup_se": [None, 0.02, 0.01], "prompts": [None, 5, 5], "proposed": [0, 120, 0]}
-    sweep = pl.DataFrame({"target": ["t"] * 3, "policy": ["greedy"] * 3, "ngl": [0] * 3, "threads": [0] * 3,
-                          "setup": [""] * 3, "category": ["code"] * 3} | rows)
-    noise = pl.DataFrame({"config": rows["config"], "busy": [False] * 3})
-    assert verdicts(sweep, noise)["verdict"].to_list() == [PLAIN]
-    only = sweep.filter(pl.col("config") != "g1-x")  # nothing else: still a line, not a lost group: plain
-    assert verdicts(only, noise)["verdict"].to_list() == [NO_GAIN]  # against plain, 1.00x [0.97, 1.03]: no gain
 
 
 def test_one_prompt_rows_widened_by_the_pace_cover_the_known_speedup():

@@ -1,17 +1,26 @@
-"""The speculative loop on real llama.cpp models: lossless greedy output, coherent traces, KV rollback."""
+"""The speculative loop on real llama.cpp models: lossless greedy output, coherent traces, KV rollback; on
+scripted models, the random streams per generation and lossless sampling through generate() (below)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
+from scipy.stats import chisquare
 
+import harness.loop as loop
+import harness.verify as verify_mod
 from harness.analysis import metrics
+from harness.concurrency.loop import BatchedDraft, generate_concurrent
 from harness.divergence import blocks, kernel_check
+from harness.drafting import Drafting
 from harness.engine import Engine, EngineConfig
 from harness.errors import HarnessError
-from harness.loop import Request, check_fits, generate
+from harness.loop import Request, check_fits, generate, streams
 from harness.proposers import DraftModelProposer, NgramProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
-from tests.fakes import EOS, FakeEngine, LogitsEngine, ScriptedProposer
-from tests.helpers import engine_pair
+from harness.verify import Verdict
+from tests.fakes import EOS, V, FakeEngine, LogitsEngine, ScriptedProposer
+from tests.helpers import BatchedLogits, engine_pair
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -110,16 +119,6 @@ def test_sampled_speculative_run_is_reproducible_for_a_seed(engines):
     assert a["tokens"] == b["tokens"]
 
 
-def test_ngram_proposer_looks_up_what_followed():
-    p = NgramProposer(2)
-    prop = p.propose([5, 6, 7, 8, 9, 5, 6], 3)
-    assert prop.tokens == [7, 8, 9]
-    assert all(list(q.ids) == [t] and q.probs[0] == 1.0 for q, t in zip(prop.q, prop.tokens))
-    assert p.propose([1, 2, 3], 3).tokens == []
-    with pytest.raises(HarnessError, match="n-gram size"):
-        NgramProposer(0)
-
-
 def test_ngram_speculation_on_a_repetitive_prompt(engines):
     target, _ = engines
     text = "one two three four five six seven eight. " * 4 + "one two three"
@@ -209,39 +208,157 @@ def test_alpha_at_each_drafted_position_is_the_targets_probability_of_the_draft(
     assert seen == {0, 1, 2, 3}
 
 
-def test_costs_measured_in_the_worker(engines):
-    """calibrate.in_situ: the target's blocks with all logits, the draft's with the last row's only."""
-    from harness.calibrate import in_situ
-    target, draft = engines
-    tokens = requests(target)[0].tokens
-    rec = in_situ(target, draft, tokens, k_max=3, contexts=(16, 48), reps=2)
-    assert rec["type"] == "costs" and rec["contexts"] == [16, 48] and rec["k"] == 3
-    for role in ("target_ms_by_context", "draft_ms_by_context"):  # k = 1..3 after each context
-        assert [len(x) for x in rec[role]] == [3, 3] and all(v > 0 for x in rec[role] for v in x)
-    room = min(target.n_ctx, draft.n_ctx) - 3 - 2  # a context that does not fit is replaced by the largest that does
-    assert in_situ(target, None, tokens, k_max=3, contexts=(10 ** 6,), reps=1)["contexts"] == [room]
-    assert target.n_past == 0 and draft.n_past == 0  # both left empty for the generations
+# -- Random streams per generation (loop.streams): from the policy's seed, the prompt and the repeat, so that
+# prompts and repeats are independent draws, a rerun reproduces them, and a speculative generation shares
+# its plain twin's (the exact rule then samples what the twin sampled), in the sequential loop and in the
+# slots loop alike.
+PROMPT, N = [1, 2, 3], 12
+POLICY = Policy(temperature=1.0, seed=7)
+SPREAD = [{1: 1, 2: 1, 3: 1, 4: 1}] * (N + 4)  # four tokens alike at every position: outputs tell streams apart
 
 
-def test_costs_start_from_the_prompts_cached_state(engines, tmp_path):
-    """calibrate.in_situ with the run's prompt cache: each context starts from the longest prompt that fits, as
-    the loop evaluates it (all but its last token), which the generation then restores."""
-    from harness.calibrate import in_situ
-    from harness.promptcache import PromptCache
-    target, draft = engines
-    reqs = requests(target)
-    cache = PromptCache(tmp_path)
-    starts = [r.tokens[:-1] for r in reqs]
-    short, long = sorted(len(x) for x in starts)[0], max(len(x) for x in starts)
-    text = [t for r in reqs for t in r.tokens]
-    rec = in_situ(target, draft, text, k_max=3, contexts=(short, long + 20), reps=1, cache=cache, prefixes=starts)
-    assert rec["contexts"] == [short, long + 20] and all(v > 0 for x in rec["target_ms_by_context"] for v in x)
-    assert cache.counts() == {"restored": 0, "evaluated": 4, "rejected": 0, "unsaved": 0}  # 2 prompts x 2 models
-    assert target.n_past == 0 and draft.n_past == 0
-    # measured again (after the generations): every start restored
-    in_situ(target, draft, text, k_max=3, contexts=(short, long + 20), reps=1, cache=cache, prefixes=starts)
-    assert cache.counts()["restored"] == 4
-    # the generation of the longest prompt restores what the costs evaluated
-    gen = generate(target, max(reqs, key=lambda r: len(r.tokens)), Policy(), DraftModelProposer(draft, cache=cache),
-                   2, cache=cache)
-    assert gen["prompt_cached"] and cache.counts()["restored"] == 6 and cache.counts()["evaluated"] == 4
+def draws(policy: Policy, req: Request) -> list[list[float]]:
+    return [rng.random(4).tolist() for rng in streams(policy, req)]
+
+
+def plain(req: Request, policy: Policy = POLICY) -> list[int]:
+    return generate(LogitsEngine(len(PROMPT), SPREAD), req, policy)["tokens"]
+
+
+def test_prompts_and_repeats_get_their_own_streams_and_a_rerun_the_same():
+    a, b = Request("a", PROMPT, N), Request("b", PROMPT, N)
+    assert draws(POLICY, a) == draws(POLICY, Request("a", [9], 1))  # the prompt's id, not its tokens
+    assert draws(POLICY, a) != draws(POLICY, b)  # two prompts of one repeat
+    assert draws(POLICY, a) != draws(POLICY, replace(a, repeat=1))  # one prompt over repeats
+    assert draws(POLICY, a) != draws(replace(POLICY, seed=8), a)
+    target, draft = draws(POLICY, a)
+    assert target != draft
+    # through the loop: the same identical prompts sample differently, and a rerun samples the same again
+    assert plain(a) != plain(b) and plain(a) != plain(replace(a, repeat=1))
+    assert plain(a) == plain(Request("a", PROMPT, N))
+
+
+def test_a_sampled_draft_is_reproducible():
+    """The draft samples from its own stream, which a rerun of the same prompt and repeat reproduces."""
+    def spec(req):
+        prop = DraftModelProposer(LogitsEngine(len(PROMPT), SPREAD))
+        return generate(LogitsEngine(len(PROMPT), SPREAD), req, POLICY, prop, 3)
+    a = Request("a", PROMPT, N)
+    assert spec(a)["tokens"] == spec(a)["tokens"] and spec(a)["from_draft"] == spec(a)["from_draft"]
+    assert spec(a)["tokens"] != spec(replace(a, repeat=1))["tokens"]
+
+
+def test_the_exact_rule_samples_what_the_plain_twin_sampled():
+    """The exact rule's target samples each emitted token with the generation's stream, as plain sampling does:
+    token for token the twin's output, the draft's accepted tokens included."""
+    target = [{3: 3, 5: 1}] * (N + 4)  # the draft's top token 3 has p 0.75: accepted and rejected both
+    for i in range(5):
+        req = Request(f"p{i}", PROMPT, N)
+        prop = DraftModelProposer(LogitsEngine(len(PROMPT), [{3: 1}] * (N + 4)), drafting=Drafting("exact"))
+        spec = generate(LogitsEngine(len(PROMPT), target), req, POLICY, prop, 3, rule="exact")
+        twin = generate(LogitsEngine(len(PROMPT), target), req, POLICY)
+        assert spec["tokens"] == twin["tokens"] and "d" in spec["from_draft"]
+
+
+def test_a_request_keeps_its_streams_in_another_slot():
+    """Two slots, three requests: "a" is certain and its drafts always accepted, "b"'s never. Plain, "b" finishes
+    first and "c" takes its slot; speculative, "a" does and "c" takes the other. "c" still samples what its plain
+    twin sampled: its streams are its request's, not its slot's."""
+    rows = 2 * N
+    target = BatchedLogits(3, {10: [{5: 1}] * rows, 11: [{2: 1, 3: 1}] * rows, 12: [{1: 1, 2: 1, 3: 1, 4: 1}] * rows})
+    draft = BatchedLogits(3, {10: [{5: 1}] * rows, 11: [{9: 1}] * rows, 12: [{9: 1}] * rows})
+    reqs = [Request(x, [t, 1, 2], n) for x, t, n in (("a", 10, 6), ("b", 11, 4), ("c", 12, N))]
+    out = {}
+    for mode, proposer in (("baseline", None), ("speculative", BatchedDraft(draft, Drafting("exact")))):
+        tw = TraceWriter(None, keep=True)
+        generate_concurrent(target, reqs, POLICY, 2, proposer, 3, tw, mode, rule="exact")
+        out[mode] = {r["prompt_id"]: r for r in tw.records if r["type"] == "generation"}
+    plain_c, spec_c = out["baseline"]["c"], out["speculative"]["c"]
+    assert (plain_c["seq"], spec_c["seq"]) == (1, 0)
+    assert spec_c["tokens"] == plain_c["tokens"] and len(set(plain_c["tokens"])) > 1
+    assert out["speculative"]["a"]["steps"] == 2 and out["baseline"]["b"]["steps"] == 4
+
+
+# -- Lossless sampling through generate() itself: with a sampled draft and either verification rule, each
+# output position's token is distributed as the target's own (plain sampling), over many policy seeds;
+# broken verifiers fail the same chi-square test. The target and the draft are scripted
+# (fakes.LogitsEngine): their logits depend on the position only, so each position's distribution is
+# worked out by hand.
+TARGET = [{3: 4, 5: 3, 7: 2, 9: 1}, {2: 1, 4: 1, 6: 2}, {3: 1, 8: 1}]
+DRAFT = [{5: 4, 9: 3, 3: 2, 11: 1}, {4: 3, 6: 1}, {8: 2, 3: 1}]
+POLICY_ARGS = {"temperature": 0.5, "top_p": 0.8}
+# top_p on the raw softmax, then T 0.5 (weights squared). Position 0: raw 0.4, 0.3, 0.2, 0.1; top_p keeps 3, 5, 7
+# (0.9 >= 0.8); 16, 9, 4. Position 1: raw 0.5 (6), 0.25, 0.25, all kept (0.75 < 0.8); 4, 1, 1. Position 2: 1, 1.
+P = [{3: 16 / 29, 5: 9 / 29, 7: 4 / 29}, {2: 1 / 6, 4: 1 / 6, 6: 4 / 6}, {3: 1 / 2, 8: 1 / 2}]
+# The draft's q, processed alike: position 0 5, 9, 3 at 16, 9, 4 / 29 (9 is outside p: always rejected); position 1
+# 4, 6 at 0.9, 0.1; position 2 8, 3 at 0.8, 0.2. The exact rule drafts the top tokens 5, 4, 8.
+GAMMA = 2
+# Enough for the weakest mutant below: resampling from p has noncentrality 1000 x 0.144 = 144 at position 0
+# (it emits 3, 5, 7 w.p. 0.442, 0.482, 0.076), the coin 1000 x 0.214: p < 1e-6 all but surely.
+SEEDS = 1000
+PASS, FAIL = 1e-4, 1e-6
+
+
+def emitted(rule: str | None) -> tuple[np.ndarray, int]:
+    """[position, token] counts of the generated tokens over SEEDS policy seeds, and the drafts accepted;
+    rule None: plain sampling."""
+    target = LogitsEngine(len(PROMPT), TARGET)
+    draft = None if rule is None else DraftModelProposer(LogitsEngine(len(PROMPT), DRAFT), drafting=Drafting(rule))
+    counts, accepted = np.zeros((len(P), V)), 0
+    for seed in range(SEEDS):
+        gen = generate(target, Request("p", PROMPT, len(P)), Policy(**POLICY_ARGS, seed=seed), draft,
+                       GAMMA if draft else 0, rule=rule or "leviathan")
+        counts[np.arange(len(P)), gen["tokens"]] += 1
+        accepted += gen["from_draft"].count("d")
+    return counts, accepted
+
+
+def pvalues(counts: np.ndarray) -> list[float]:
+    """Per position, the chi-square p-value of its counts against P (0 when a token outside P's support came)."""
+    out = []
+    for c, p in zip(counts, P):
+        ids = sorted(p)
+        if c.sum() != c[ids].sum():
+            out.append(0.0)
+            continue
+        out.append(float(chisquare(c[ids], np.array([p[i] for i in ids]) * c.sum()).pvalue))
+    return out
+
+
+def test_plain_sampling_draws_the_hand_worked_distribution():
+    counts, _ = emitted(None)
+    assert min(pvalues(counts)) > PASS
+
+
+@pytest.mark.parametrize("rule", ["leviathan", "exact"])
+def test_speculative_sampling_through_generate_is_lossless(rule):
+    counts, accepted = emitted(rule)
+    # (the exact rule draws each emitted token from the target's p with the generation's own seeded stream, one
+    # draw a token as plain sampling does: here its counts come out as plain sampling's)
+    assert min(pvalues(counts)) > PASS
+    assert 0.2 * SEEDS < accepted < 1.5 * SEEDS  # drafts were both accepted and rejected
+
+
+def always_accept(draft, *args):
+    p, rng = args[-2:]
+    return Verdict(len(draft), p[len(draft)].sample(rng), [])
+
+
+def coin(draft, ps, rng):
+    """The exact rule on a coin: accept with probability p(x), then correct with a fresh draw from p (x included)."""
+    for i, x in enumerate(draft):
+        if rng.random() >= ps[i].prob(int(x)):
+            return Verdict(i, ps[i].sample(rng), [])
+    return Verdict(len(draft), ps[len(draft)].sample(rng), [])
+
+
+@pytest.mark.parametrize("rule, mutant", [("leviathan", "always_accept"), ("exact", "always_accept"),
+                                          ("leviathan", "resample_from_p"), ("exact", "coin")])
+def test_a_broken_verifier_fails_through_generate(rule, mutant, monkeypatch):
+    if mutant == "resample_from_p":  # after a rejection, p rather than norm(max(0, p - q))
+        monkeypatch.setattr(verify_mod, "residual", lambda p, q: p)
+    else:
+        monkeypatch.setattr(loop, "verify_stochastic" if rule == "leviathan" else "verify_exact",
+                            always_accept if mutant == "always_accept" else coin)
+    counts, _ = emitted(rule)
+    assert min(pvalues(counts)) < FAIL

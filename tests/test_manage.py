@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import harness, one_line_error
-from tests.helpers import leftovers, setup_two_part, sha, tiny_gguf_bytes
+from tests.helpers import harness, leftovers, one_line_error, setup_two_part, sha, tiny_gguf_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / ".venv" / "bin" / "harness"

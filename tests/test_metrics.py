@@ -54,24 +54,6 @@ def test_acceptance_by_target_confidence_over_positions_reached():
     assert got == {">=0.95": (1.0, 3), "0.5-0.8": (0.0, 1), "0.8-0.95": (1.0, 1), "<0.5": (0.0, 1)}
 
 
-def test_calibration_is_interpolated_linearly_between_contexts_and_held_beyond(tmp_path):
-    import json
-
-    from harness.calibrate import costs_at
-    from harness.costmodel import at_context
-    cal = {"contexts": [128, 1024], "ms_by_context": [[10.0, 16.0, 20.0], [14.0, 24.0, 32.0]]}
-    xs, rows = cal["contexts"], cal["ms_by_context"]
-    assert at_context(xs, rows, 64) == [10.0, 16.0, 20.0] and at_context(xs, rows, 4096) == [14.0, 24.0, 32.0]
-    assert at_context(xs, rows, 576) == pytest.approx([12.0, 20.0, 26.0])  # halfway
-    for name, ms in (("t", cal["ms_by_context"]), ("d", [[2.0, 3.0, 3.5], [4.0, 5.0, 5.5]])):
-        (tmp_path / f"{name}-t2-ngl0.json").write_text(json.dumps({"contexts": [128, 1024], "ms_by_context": ms}))
-    c = costs_at(tmp_path, "t", "d", 2, 0, 0, 576, overhead_ms_per_row=0.5)
-    assert c.target_ms == pytest.approx([12.0, 20.0, 26.0]) and c.draft_ms == pytest.approx(3.0)
-    assert c.draft_curve == pytest.approx((3.0, 4.0, 4.5)) and c.overhead_ms_per_row == 0.5
-    assert costs_at(tmp_path, "t", "missing", 2, 0, 0, 576) is None
-    assert costs_at(tmp_path, "t", None, 2, 0, 0, 576).draft_ms == 0.0  # an n-gram proposer: no model
-
-
 def test_timing_floor_sets_the_plain_steps_of_speculative_generations_beside_their_twins():
     def step(prompt, mode, proposed, ms, repeat=0):
         return {"config": "g1", "category": "code", "prompt_id": prompt, "repeat": repeat, "mode": mode,
@@ -102,3 +84,12 @@ def test_pace_spread_recovers_the_pace_beyond_the_decodes_own_scatter():
     assert metrics.pace_spread(fl) == pytest.approx(0.06, abs=0.01)
     assert raw > metrics.pace_spread(fl) + 0.01  # the scatter of 8 and 16 decodes adds about 4% to the 6%
     assert metrics.pace_spread(fl.head(0)) == 0.0
+
+
+def test_classify_takes_the_kind_from_the_recorded_check():
+    ev = {"diverged_at": 1, "kind": "kernel near-tie", "margin": 0.05}
+    assert metrics.classify([1, 2], [1, 2], None)["kind"] == "equal"
+    assert metrics.classify([1, 2], [1, 3], ev) == {"equal": False, "diverged_at": 1, "margin": 0.05,
+                                                    "kind": "kernel near-tie"}
+    assert metrics.classify([1, 2], [1, 3], None)["kind"] == "unchecked"
+    assert metrics.classify([7, 2], [1, 3], ev)["kind"] == "unchecked"  # a check of another position

@@ -1,6 +1,8 @@
 """bench.prepare's checks before a sweep runs, against issue 43's bad-input sweep: a resumed run whose prompts or
 path models changed, prompts that cannot fit the context (the dry run included), an --out that is empty or inside a
-run, a latest.md of the user's in --out. Each refused in one line before anything is made."""
+run, a latest.md of the user's in --out. Each refused in one line before anything is made. Where a run's
+calibrations come from (--calibrate, `harness calibrate`, --gamma auto without one), a model file other than the
+plan's on resume, a context too small for --parallel's sequences."""
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +14,11 @@ import pytest
 
 from harness.bench.prepare import REPORT_HEADINGS, check_out, models_info, same_models
 from harness.errors import HarnessError
-from tests.conftest import PROMPT_FILE, T
-from tests.helpers import ROOT, copy_run, harness, one_line_error
+from harness.rundir import trace_files
+from harness.trace import read_records
+from tests.conftest import D, PROMPT_FILE, T
+from tests.helpers import (FAST, ROOT, calibration as _calibration, copy_run, diagnostics_md, harness, one_line_error,
+                           only_run)
 
 
 def test_resume_after_a_prompt_changed_under_its_id_is_refused(tmp_path):
@@ -118,3 +123,142 @@ def test_a_latest_md_the_harness_wrote_is_replaced(tmp_path):
     (out / "latest.md").write_bytes(REPORT_HEADINGS[1] + b"\n")  # an older harness's
     check_out(out, None)
     check_out(tmp_path / "none", None)  # no latest.md at all
+
+
+# -- where a run's calibrations are written and found
+def _instances():
+    from harness.plan import Params, expand
+    return expand(Params(target=[T], draft=[D], gamma=[2], threads=[1]))
+
+
+@pytest.fixture
+def elsewhere(tmp_path, monkeypatch):
+    """A working directory that is not the project's (the catalog still found), a run under OUT/runs."""
+    monkeypatch.setenv("HARNESS_CATALOG", str(ROOT / "models.toml"))
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "out" / "runs" / "r1"
+    run.mkdir(parents=True)
+    return tmp_path, run
+
+
+def test_bench_calibrate_writes_under_out(elsewhere, monkeypatch):
+    """bench --calibrate saves what it measures in OUT/calibration (not ./reports/calibration) and copies it
+    into the run."""
+    import harness.calibrate as cal
+    from harness.bench.prepare import prepare_calibrations
+    tmp, run = elsewhere
+    monkeypatch.setattr(cal, "calibrate", lambda ref, threads, ngl, *a: _calibration(model=ref, threads=threads,
+                                                                                     ngl=ngl))
+    prepare_calibrations(_instances(), run, True)
+    for m in (T, D):
+        assert (tmp / "out" / "calibration" / f"{m}-t1-ngl0.json").is_file()
+        assert (run / "calibration" / f"{m}-t1-ngl0.json").is_file()
+    assert not (tmp / "reports").exists()
+
+
+def test_bench_finds_calibrations_under_out_then_reports(elsewhere):
+    """Without --calibrate, a run takes OUT/calibration's, else reports/calibration's (`harness calibrate`'s
+    default)."""
+    from harness.bench.prepare import prepare_calibrations
+    tmp, run = elsewhere
+    for root, m, tag in ((tmp / "out" / "calibration", T, "out"), (tmp / "reports" / "calibration", T, "reports"),
+                         (tmp / "reports" / "calibration", D, "reports")):
+        root.mkdir(parents=True, exist_ok=True)
+        (root / f"{m}-t1-ngl0.json").write_text(json.dumps(_calibration(model=m, date=tag)))
+    prepare_calibrations(_instances(), run, False)
+    got = {m: json.loads((run / "calibration" / f"{m}-t1-ngl0.json").read_text())["date"] for m in (T, D)}
+    assert got == {T: "out", D: "reports"}
+
+
+# -- a model file that changed under its catalog name
+@pytest.fixture
+def own_models(tmp_path, smol):
+    """The target and its sidecar in a models directory of the test's own (HARNESS_MODELS_DIR), to change."""
+    d = tmp_path / "models"
+    d.mkdir()
+    shutil.copy(smol, d / smol.name)
+    shutil.copy(smol.with_name(smol.name + ".json"), d / (smol.name + ".json"))
+    return d
+
+
+def _change(model: Path) -> None:
+    with open(model, "ab") as f:  # still a loadable GGUF, another sha256
+        f.write(b"\0" * 32)
+
+
+@pytest.mark.slow  # a model copied and hashed: 14 s
+def test_resume_refuses_a_model_file_other_than_the_plans(own_models, tmp_path):
+    from harness.models.store import mark_verified, sha256_file
+    env = {"HARNESS_MODELS_DIR": str(own_models), "HARNESS_CATALOG": str(ROOT / "models.toml")}
+    out = tmp_path / "o"
+    assert harness("bench", *FAST, "--allow-busy", "--out", out, env=env).returncode == 0
+    run = only_run(out)
+    model = own_models / f"{T}.gguf"
+    _change(model)
+    mark_verified(model, sha256_file(model))  # swapped and verified: the sidecar agrees, the plan does not
+    one_line_error(harness("bench", "--resume", run, "--allow-busy", env=env), T, "not the file this run started with")
+
+
+# -- --gamma auto and its calibrations, from an empty directory
+def isolated_env(tmp_path) -> dict:
+    """Run from an empty directory so calibrations start empty; models, prompts and profiles from the repo."""
+    return {"HARNESS_CATALOG": str(ROOT / "models.toml"), "HARNESS_MODELS_DIR": str(ROOT / "models"),
+            "HARNESS_PROMPTS_DIR": str(ROOT / "prompts"), "HARNESS_PROFILES": str(ROOT / "profiles.toml")}
+
+
+def test_gamma_auto_needs_a_calibration(tmp_path, smol, smol_q2k):
+    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--draft", "smollm2-135m-instruct-q2_k",
+                "--gamma", "auto:2", "--categories", "code", "--per-category", "1", "--max-tokens", "4",
+                "--out", str(tmp_path / "runs"), cwd=tmp_path, env=isolated_env(tmp_path))
+    one_line_error(r, "harness calibrate", "--calibrate")
+    assert not any((tmp_path / "runs").glob("runs/2*")), "a refused run leaves no run directory"
+
+
+def _adaptive_run(tmp_path, *extra) -> Path:
+    """gamma 1 and auto:2 on the tiny prompts, from an empty directory with its own calibrations."""
+    from tests.conftest import D
+    env = isolated_env(tmp_path)
+    r = harness("bench", "--target", T, "--draft", D, "--gamma", "1,auto:2", "--prompts", str(PROMPT_FILE),
+                "--categories", "code", "--per-category", "1", "--max-tokens", "12", *extra,
+                "--out", str(tmp_path / "reports"), cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path / "reports")
+    md = diagnostics_md(run)
+    assert "## Cost model" in md and "auto<=2" in md and "Recommended gamma" in md
+    steps = [s for f in trace_files(run) if f.name.startswith("auto-") for s in read_records(f)]
+    assert {s["gamma"] for s in steps if s["type"] == "step"} <= {0, 1, 2}
+    assert harness("report", str(run), "--check", cwd=tmp_path, env=env).returncode == 0
+    cals = {f.name: f.read_text() for f in (run / "calibration").iterdir()}
+    assert len(cals) == 2  # target and draft
+    r = harness("bench", "--resume", str(run), cwd=tmp_path, env=env)  # nothing left: no new calibration
+    assert r.returncode == 0 and "calibrating" not in r.stderr, r.stderr
+    assert {f.name: f.read_text() for f in (run / "calibration").iterdir()} == cals
+    return run
+
+
+@pytest.mark.slow  # a calibration, then an adaptive sweep: 20 s
+def test_calibrate_then_adaptive_gamma_with_cost_model(tmp_path, smol, smol_q2k):
+    """`harness calibrate` writes ./reports/calibration, which a later bench copies into its run."""
+    from tests.conftest import D
+    env = isolated_env(tmp_path)
+    for m in (T, D):
+        r = harness("calibrate", m, "--k-max", "3", "--reps", "1", cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stderr
+        assert "vs k=1" in r.stdout
+    assert len(list((tmp_path / "reports/calibration").iterdir())) == 2
+    _adaptive_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_bench_calibrate_measures_its_own_costs_first(tmp_path, smol, smol_q2k):
+    run = _adaptive_run(tmp_path, "--calibrate")
+    assert all(json.loads(f.read_text())["k"][-1] == 16 for f in (run / "calibration").iterdir())
+
+
+# -- a context too small for --parallel's sequences
+def test_a_too_small_context_for_n_sequences_is_refused_in_one_line(tmp_path, smol, smol_q2k):
+    r = harness("bench", "--target", T, "--draft", D, "--gamma", "3", "--parallel", "1,8", "--categories", "grounded",
+                "--per-category", "2", "--max-tokens", "16", "--n-ctx", "1024", "--out", str(tmp_path))
+    one_line_error(r, "--parallel 8", "--n-ctx is 1024", "raise --n-ctx to")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    one_line_error(harness("bench", "--target", T, "--parallel", "0", "--out", str(tmp_path)), "--parallel", ">= 1")

@@ -1,6 +1,6 @@
 """prompts.load and its files: what issue 43's bad-input sweep found. A category that would break the report's
 Markdown is refused in one line naming the file and the category; a file or category given twice is read once; an
-empty HARNESS_PROMPTS_DIR is unset, not the current directory."""
+empty HARNESS_PROMPTS_DIR is unset, not the current directory; bad prompt (and profile) files, in one line."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.prompts import load, prompts_dir
+from tests.helpers import harness, one_line_error
 
 
 def _line(pid: str, cat: str) -> str:
@@ -62,3 +63,120 @@ def test_an_empty_prompts_dir_variable_names_the_default_when_it_is_missing(tmp_
     with pytest.raises(HarnessError) as e:
         load(categories=["code"])
     assert "prompts" in str(e.value) and "the default" in str(e.value)
+
+
+# -- Bad prompt and profile files, and unclear refusals: each case ends in one line on stderr naming the
+# problem and what to do, before any model loads. One row per case: the command (with {tmp} for the
+# test's directory), the files to write there (text or bytes; a name ending in / is a directory), extra
+# environment (with {tmp}), then the exit code and the fragments the error line must hold.
+T = "smollm2-135m-instruct-q4_1"
+OK = '{"id": "a", "category": "code", "text": "hi"}\n'
+BENCH = ("bench", "--target", T, "--out", "{tmp}/reports")
+PROFILE = {"HARNESS_PROFILES": "{tmp}/profiles.toml"}
+
+CASES = {
+    # prompt files
+    "nul-escape-in-prompt": (
+        [*BENCH, "--prompts", "{tmp}/p.jsonl"],
+        {"p.jsonl": OK + '{"id": "b", "category": "code", "messages": [{"role": "user", "content": "a\\u0000b"}]}\n'},
+        {}, 1, ["p.jsonl:2:", "NUL"]),
+    "nul-byte-in-prompt": (
+        [*BENCH, "--prompts", "{tmp}/p.jsonl"],
+        {"p.jsonl": b'{"id": "a", "category": "code", "text": "a\x00b"}\n'}, {}, 1, ["p.jsonl:1:", "NUL"]),
+    "nul-in-run-prompt-file": (
+        ["run", T, "--prompt-file", "{tmp}/p.txt"], {"p.txt": b"line one\nhalf\x00cut\n"}, {}, 1,
+        ["p.txt:2:", "NUL"]),
+    "chat-not-boolean": (
+        [*BENCH, "--prompts", "{tmp}/p.jsonl"],
+        {"p.jsonl": '{"id": "a", "category": "code", "text": "hi", "chat": "no"}\n'}, {}, 1,
+        ["p.jsonl:1:", "'chat' must be true or false"]),
+    "bench-prompts-bad-utf8": (
+        [*BENCH, "--prompts", "{tmp}/p.jsonl"],
+        {"p.jsonl": OK.encode() + b'{"id": "b", "category": "code", "text": "caf\xe9"}\n'}, {}, 1,
+        ["p.jsonl:2:", "UTF-8"]),
+    "run-prompt-file-bad-utf8": (
+        ["run", T, "--prompt-file", "{tmp}/p.txt"], {"p.txt": b"caf\xe9\n"}, {}, 1, ["p.txt", "UTF-8"]),
+    "message-content-not-string": (
+        [*BENCH, "--prompts", "{tmp}/p.jsonl"],
+        {"p.jsonl": '{"id": "a", "category": "code", "messages": [{"role": "user", "content": 5}]}\n'}, {}, 1,
+        ["p.jsonl:1:", "'content'", "string"]),
+    "message-role-not-string": (
+        [*BENCH, "--prompts", "{tmp}/p.jsonl"],
+        {"p.jsonl": '{"id": "a", "category": "code", "messages": [{"role": null, "content": "hi"}]}\n'}, {}, 1,
+        ["p.jsonl:1:", "'role'", "string"]),
+    "prompts-names-directory": (
+        [*BENCH, "--prompts", "{tmp}/pdir"], {"pdir/": None}, {}, 1, ["pdir", "is a directory"]),
+    "category-file-is-directory": (
+        [*BENCH, "--categories", "code"], {"pd/code.jsonl/": None}, {"HARNESS_PROMPTS_DIR": "{tmp}/pd"}, 1,
+        ["code.jsonl", "is a directory"]),
+    # profile files
+    "profiles-file-is-directory": (
+        ["bench", "--profile", "p"], {"profiles.toml/": None}, PROFILE, 1, ["profiles.toml", "is a directory"]),
+    "profiles-file-bad-utf8": (
+        ["bench", "--profile", "p"], {"profiles.toml": b"[profiles.p]\n# caf\xe9\n"}, PROFILE, 1,
+        ["profiles.toml", "UTF-8"]),
+    "profiles-key-scalar": (
+        ["bench", "--profile", "p"], {"profiles.toml": "profiles = 5\n"}, PROFILE, 1,
+        ["profiles.toml", "'profiles'", "table"]),
+    "profile-scalar": (
+        ["bench", "--profile", "p"], {"profiles.toml": "[profiles]\np = 3\n"}, PROFILE, 1,
+        ["profiles.toml", "profile 'p'", "table"]),
+    "profile-categories-scalar": (
+        ["bench", "--profile", "p"], {"profiles.toml": f'[profiles.p]\ntarget = ["{T}"]\ncategories = 5\n'},
+        PROFILE, 1, ["categories", "list of names"]),
+    "profile-list-of-lists": (
+        ["bench", "--profile", "p"], {"profiles.toml": f'[profiles.p]\ntarget = ["{T}"]\nthreads = [[1]]\n'},
+        PROFILE, 1, ["threads", "list of int"]),
+    "profile-gamma-list-of-lists": (
+        ["bench", "--profile", "p"], {"profiles.toml": f'[profiles.p]\ntarget = ["{T}"]\ngamma = [[1]]\n'},
+        PROFILE, 1, ["--gamma", "cannot read"]),
+    # unclear messages
+    "categories-not-in-files": (
+        [*BENCH, "--prompts", "{tmp}/code.jsonl", "--categories", "creative"], {"code.jsonl": OK}, {}, 1,
+        ["--categories creative", "code.jsonl", "they hold: code"]),
+    "prompts-dir-missing": (
+        [*BENCH, "--categories", "code"], {}, {"HARNESS_PROMPTS_DIR": "{tmp}/nowhere"}, 1,
+        ["nowhere", "does not exist", "HARNESS_PROMPTS_DIR"]),
+    "fidelity-negative-per-category": (
+        ["fidelity", T, "smollm2-135m-instruct-q2_k", "--per-category", "-2"], {}, {}, 1,
+        ["--per-category", ">= 0"]),
+}
+
+
+@pytest.mark.parametrize("args, files, env, code, words", list(CASES.values()), ids=list(CASES))
+def test_bad_input_is_one_line(args, files, env, code, words, tmp_path):
+    for name, content in files.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith("/"):
+            p.mkdir()
+        elif isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content, encoding="utf-8")
+    fill = {"tmp": str(tmp_path)}
+    r = harness(*(a.format(**fill) for a in args), env={k: v.format(**fill) for k, v in env.items()})
+    line = one_line_error(r, *words)
+    assert r.returncode == code, line
+    assert not (tmp_path / "reports").exists(), "refused after starting a run"
+
+
+def test_run_prompt_file_utf8_still_reads(tmp_path):
+    """The prompt file of `harness run` is read as UTF-8 (non-ASCII text passes the checks and reaches the model)."""
+    from harness.prompts import read_prompt_text
+    f = tmp_path / "p.txt"
+    f.write_text("café — naïve\n", encoding="utf-8")
+    assert read_prompt_text(Path(f)) == "café — naïve\n"
+
+
+@pytest.mark.parametrize("content, words", [
+    ("", ["is empty"]),
+    ('{"id": "a", "category": "x", "text": "hi"}\nnot json\n', [":2:", "not valid JSON"]),
+    ('{"id": "a", "category": "x", "text": "hi"}\n{"id": "a", "category": "x", "text": "yo"}\n', ["duplicate"]),
+    ('{"id": "a", "category": "x", "text": "  "}\n', [":1:", "empty"]),
+])
+def test_bad_prompt_files(content, words, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(content)
+    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--prompts", str(f), "--out", str(tmp_path / "r"))
+    one_line_error(r, *words)

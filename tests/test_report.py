@@ -1,6 +1,8 @@
 """`harness report` and `report --check` on a run that was damaged or forged after bench wrote it, or given
 arguments that cannot work (issue 43): each row says what was done to the run, the command, and the one line that
-names the cause. No model runs: the run is a copy of the smallest committed one, its report rendered afresh."""
+names the cause. No model runs: the run is a copy of the smallest committed one, its report rendered afresh. Then,
+on the shared timed run and the committed runs: --check against tampered traces, plots not redrawn, the exports;
+a full disk under the plots."""
 from __future__ import annotations
 
 import errno
@@ -16,7 +18,9 @@ import pytest
 
 from harness.report.archive import size
 from harness.rundir import trace_files
-from tests.helpers import ROOT, copy_run, harness, one_line_error
+from harness.trace import read_records
+from tests.conftest import CATEGORIES, POLICIES, T
+from tests.helpers import ROOT, copy_run, harness, one_line_error, only_run
 
 
 @pytest.fixture(scope="module")
@@ -292,15 +296,132 @@ def test_diagnostics_are_written_and_checked_as_the_report_is(run):
     assert harness("report", run, "--check").returncode == 0
 
 
-def test_the_first_screen_gives_llama_servers_command_and_how_to_run_it_the_others():
-    from harness.report.answer import how_to_run, section
-    a = {"target": "t", "ngl": 0, "threads": 0, "setup": "", "category": "code", "policy": "greedy",
-         "verdict": "speculate", "speedup": 1.5, "lo": 1.3, "hi": 1.7, "min_gain": 0.05, "levelled": None,
-         "configuration": "d γ 3", "source": "timed on 3 prompt(s)", "check": "", "note": "A note.",
-         "server": "llama-server -m t", "speculative_simple": "llama-speculative-simple -m t", "python": None,
-         "exact_speedup": None}
-    first, how = section([a]), how_to_run([a])
-    assert "  llama-server -m t" in first and "  A note." in first
-    assert not any("llama-speculative-simple" in x for x in first)
-    assert how[0] == "## How to run it" and "  llama-speculative-simple -m t" in how and "  A note." not in how
-    assert how_to_run([a | {"speculative_simple": None}]) == []
+# -- a full disk under the plots
+PROMPTS = str(ROOT / "tests" / "data" / "prompts.jsonl")
+
+
+def test_bench_full_disk_in_the_png_writer(tmp_path, monkeypatch):
+    """A full disk under the report's plots: one line naming the PNG, the run's results kept, and `harness report`
+    writes the report once there is room."""
+    from harness import plots
+    if not plots.available():
+        pytest.skip("no matplotlib: no PNG writer")
+    from matplotlib.figure import Figure
+    real = Figure.savefig
+
+    def full(fig, path, **kw):
+        with open("/dev/full", "wb") as f:  # the real ENOSPC, raised by a write that names no file
+            f.write(b"x" * 65536)
+            f.flush()
+    monkeypatch.setattr(Figure, "savefig", full)
+    out = tmp_path / "out"
+    r = harness("bench", "--target", T, "--draft", "ngram:2", "--gamma", "1", "--prompts", PROMPTS,
+                "--categories", "code", "--per-category", "1", "--max-tokens", "2", "--no-paired", "--allow-busy",
+                "--out", out)
+    run = only_run(out)
+    line = one_line_error(r, "cannot write", str(run / "plots"), ".png", os.strerror(errno.ENOSPC),
+                          "free some space", f"`harness report {run}`")
+    assert "are kept" in line
+    rows = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
+    assert rows and all(x["status"] == "ok" for x in rows)
+    monkeypatch.setattr(Figure, "savefig", real)
+    r = harness("report", run)
+    assert r.returncode == 0, r.stderr
+    assert (out / f"{run.name}.md").is_file()
+
+
+def test_report_full_disk_in_the_png_writer(tmp_path, monkeypatch):
+    """`harness report` of a committed run (copied), the disk full under its plots: one line, the traces kept."""
+    from harness import plots
+    if not plots.available():
+        pytest.skip("no matplotlib: no PNG writer")
+    from matplotlib.figure import Figure
+
+    from tests.helpers import copy_run
+    committed = sorted(p for p in (ROOT / "reports" / "runs").iterdir() if (p / "plan.json").is_file())[0]
+    run = copy_run(committed, tmp_path)
+    before = sorted(p.name for p in (run / "traces").iterdir())
+
+    def full(fig, path, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a write to a full disk raises it: no file name
+    monkeypatch.setattr(Figure, "savefig", full)
+    line = one_line_error(harness("report", run), "cannot write", str(run / "plots"), ".png",
+                          os.strerror(errno.ENOSPC), "free some space", f"`harness report {run}`")
+    assert "are kept" in line
+    assert sorted(p.name for p in (run / "traces").iterdir()) == before
+
+
+# -- on the shared timed run and the committed runs: --check against tampered traces, plots not redrawn, exports
+def _tamper(trace: Path, pick, change) -> None:
+    """Change the first record of a trace that pick() selects, written back in the trace's own form."""
+    recs = read_records(trace)
+    change(next(r for r in recs if pick(r)))
+    text = "".join(json.dumps(r) + "\n" for r in recs)
+    if trace.name.endswith(".gz"):
+        trace.write_bytes(gzip.compress(text.encode()))
+    else:
+        trace.write_text(text)
+
+
+def _own_traces(run: Path, side: str = "") -> list[Path]:
+    d = run / side if side else run
+    return [f for f in trace_files(d) if f.parent == d / "traces" and f.name.startswith("g")]
+
+
+def _rejected(r: dict) -> bool:
+    return r.get("accepted", 0) < r.get("proposed", 0)
+
+
+@pytest.mark.parametrize("what", ["accepted", "gen_ms", "paired gen_ms"])
+def test_report_check_fails_when_a_trace_disagrees(timed_run, tmp_path, what):
+    """One more accepted draft than the run saw; a generation 10% slower; its paired twin (the reference the
+    speedup and its interval are built from) 10% faster: each is a difference that --check shows."""
+    run = copy_run(timed_run, tmp_path)
+    assert harness("report", str(run), "--check").returncode == 0
+    if what == "accepted":
+        trace = next(f for f in _own_traces(run) if any(_rejected(r) for r in read_records(f)))
+        _tamper(trace, _rejected, lambda r: r.update(accepted=r["accepted"] + 1))
+    elif what == "gen_ms":
+        _tamper(_own_traces(run)[0], lambda r: r["type"] == "generation", lambda r: r.update(gen_ms=r["gen_ms"] * 1.1))
+    else:
+        _tamper(_own_traces(run, "paired")[0], lambda r: r["type"] == "generation",
+                lambda r: r.update(gen_ms=r["gen_ms"] / 1.1))
+    r = harness("report", str(run), "--check")
+    one_line_error(r, "disagrees")
+    assert r.stdout.strip()  # the differing lines are shown
+
+
+def test_report_check_neither_redraws_plots_nor_depends_on_how_the_path_is_typed(timed_run):
+    pngs = {p: p.stat().st_mtime_ns for p in (timed_run / "plots").glob("*.png")}
+    assert pngs, "the run draws its plots (the dev extra has matplotlib)"
+    for args, cwd in (([str(timed_run.resolve())], ROOT), ([timed_run.name], timed_run.parent),
+                      ([f"./{timed_run.name}/"], timed_run.parent)):
+        r = harness("report", *args, "--check", cwd=cwd)
+        assert r.returncode == 0 and "matches" in r.stdout, r.stdout + r.stderr
+    assert {p: p.stat().st_mtime_ns for p in pngs} == pngs
+
+
+def test_report_exports(timed_run, tmp_path):
+    run = copy_run(timed_run, tmp_path)
+    r = harness("report", str(run), "--format", "md,csv,json,parquet")
+    assert r.returncode == 0, r.stderr
+    for ext in ("csv", "json", "parquet"):
+        assert (run / f"metrics.{ext}").stat().st_size > 0
+        assert (run / f"verdicts.{ext}").stat().st_size > 0
+    import polars as pl
+    m = pl.read_parquet(run / "metrics.parquet")
+    for col in ("speedup_lo", "speedup_hi", "acceptance_rate_lo", "mean_accepted_len_hi", "alpha_lo", "prompts"):
+        assert col in m.columns
+    spec = m.filter(pl.col("draft") != "none")
+    assert (spec["speedup_lo"] <= spec["speedup"]).all() and (spec["speedup"] <= spec["speedup_hi"]).all()
+    v = pl.read_csv(run / "verdicts.csv")
+    assert set(v["verdict"]) <= {"speculate", "plain decoding", "inconclusive", "unreliable (busy machine)"}
+    assert len(v) == len(CATEGORIES) * len(POLICIES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", sorted(p.name for p in (ROOT / "reports" / "runs").glob("2*") if p.is_dir()))
+def test_committed_reference_runs_match_their_traces(run):
+    """The README's figures come from these runs: their reports must be what the traces give."""
+    r = harness("report", str(Path("reports") / "runs" / run), "--check")
+    assert r.returncode == 0, r.stdout + r.stderr

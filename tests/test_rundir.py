@@ -2,11 +2,15 @@
 resume, report, compare), and two runs started in the same second get two directories (issue 43). The results,
 noise and traces: rows bench writes again for a unit run again are read, the last winning; rows it cannot have
 written are refused in one line naming the file and the line, or named by `report --check` before it counts the
-differences."""
+differences. The run's lock, a run whose rows or traces were damaged and then resumed, a run directory that cannot
+be created."""
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
+import os
+import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,9 +20,10 @@ from harness.errors import HarnessError
 from harness.plan import Instance, Params
 from harness.sampling import Policy
 from harness.specs import NoDraft
-from harness.rundir import (RUN_SCHEMA, drop_unreadable, finished, new_run_dir, noise_records, read_plan,
-                            rows_problems, traces_missing)
-from tests.helpers import harness, one_line_error
+from harness.rundir import (RUN_SCHEMA, drop_unreadable, finished, load_records, new_run_dir, noise_records, read_plan,
+                            record_result, repair_results, rows_problems, trace_file, traces_missing)
+from harness.trace import compress
+from tests.helpers import FAST, HARNESS, ROOT, copy_run, harness, one_line_error, only_run
 
 
 def _plan(**over) -> dict:
@@ -188,3 +193,146 @@ def test_drop_unreadable_writes_only_when_a_line_goes(tmp_path, monkeypatch):
     monkeypatch.undo()
     f.write_bytes(b'{"config": "g\n' + keep + b'{"error": "\xff"}\n')
     assert drop_unreadable(f) == 2 and f.read_bytes() == keep
+
+
+# -- run directories under stress: a small run of their own, copied, then locked or damaged
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, smol) -> Path:
+    """A finished two-configuration run (the baseline and ngram:2 at gamma 2): what the damage cases copy."""
+    out = tmp_path_factory.mktemp("small")
+    r = harness("bench", *FAST, "--allow-busy", "--out", out)
+    assert r.returncode == 0, r.stderr
+    return only_run(out)
+
+
+def _rows(run: Path) -> list[str]:
+    return (run / "results.jsonl").read_text().splitlines(keepends=True)
+
+
+# -- two benches of one run --------------------------------------------------------------------------------
+
+def test_a_run_another_process_holds_is_refused(small_run, tmp_path):
+    run = copy_run(small_run, tmp_path)
+    rows = _rows(run)
+    holder = subprocess.Popen(["sleep", "60"])  # the pid the lock file names
+    fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{holder.pid}\n".encode())
+        one_line_error(harness("bench", "--resume", run, "--allow-busy"), "another harness process",
+                       f"pid {holder.pid}", "is running")
+    finally:
+        os.close(fd)
+        holder.kill()
+        holder.wait()
+    assert _rows(run) == rows  # nothing written
+    r = harness("bench", "--resume", run, "--allow-busy")  # free again: resumes (nothing to run)
+    assert r.returncode == 0 and "0 unit(s) to run" in r.stderr, r.stderr
+
+
+@pytest.mark.slow  # two real processes: 9-15 s
+def test_two_resumes_at_once_run_each_unit_once(small_run, tmp_path):
+    """The process itself is under test: two real benches resuming the same run at the same moment."""
+    run = copy_run(small_run, tmp_path)
+    (run / "results.jsonl").write_text("")
+    for f in (run / "traces").iterdir():
+        f.unlink()
+    env = os.environ | {"CI": "true"}
+    ps = [subprocess.Popen([*HARNESS, "bench", "--resume", str(run), "--allow-busy"], cwd=ROOT, env=env,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for _ in range(2)]
+    errs = [p.communicate(timeout=300)[1] for p in ps]
+    codes = sorted(p.returncode for p in ps)
+    assert codes == [0, 1], errs
+    assert any("another harness process" in e for e in errs), errs
+    assert len(_rows(run)) == 2  # each configuration once
+    assert harness("report", run, "--check").returncode == 0
+
+
+# -- a configuration without its row or trace, or with two rows --------------------------------------------
+
+def _dup_row(run):
+    rows = _rows(run)
+    (run / "results.jsonl").write_text("".join(rows + rows[:1]))
+
+
+def _drop_trace(run):
+    unit = next(u for u, r in finished(run).items() if r["draft"] != "none")
+    trace_file(run, unit).unlink()
+
+
+def _cut_row(run):
+    rows = _rows(run)
+    (run / "results.jsonl").write_text(rows[0][: len(rows[0]) // 2] + "\n" + "".join(rows[1:]))
+
+
+@pytest.mark.parametrize("damage, words, resumed", [
+    (_dup_row, "repeats line 1", 0),
+    (_drop_trace, "is missing", 1),
+    (_cut_row, "no result row", 1),
+])
+def test_check_fails_on_a_missing_or_doubled_row_and_resume_reruns_it(small_run, tmp_path, damage, words, resumed):
+    run = copy_run(small_run, tmp_path)
+    assert harness("report", run, "--check").returncode == 0
+    damage(run)
+    r = harness("report", run, "--check")
+    one_line_error(r, "disagrees")
+    assert words in r.stdout, r.stdout
+    r = harness("bench", "--resume", run, "--allow-busy")
+    assert r.returncode == 0 and f"{resumed} unit(s) to run" in r.stderr, r.stderr
+    if resumed:
+        assert harness("report", run, "--check").returncode == 0
+
+
+# -- a run directory that cannot be made, a damaged plan, a directory that is not a run, a unit's trace in
+# either form, a kill mid-write
+def test_unwritable_output_directory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--categories", "code", "--per-category", "1",
+                "--max-tokens", "4", "--out", str(blocker / "runs"))
+    one_line_error(r, "run directory")
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"instances": [', ["plan.json", "damaged"]),
+    ("{}", ["plan.json", "lacks", "instances"]),
+])
+def test_damaged_plan_is_one_line_for_resume_and_report(tmp_path, content, words):
+    run = tmp_path / "runs" / "r1"
+    (run / "traces").mkdir(parents=True)
+    (run / "plan.json").write_text(content)
+    one_line_error(harness("bench", "--resume", str(run)), *words)
+    one_line_error(harness("report", str(run)), *words)
+    one_line_error(harness("report", str(run), "--check"), *words)
+
+
+def test_report_check_on_a_directory_that_is_not_a_run(tmp_path):
+    one_line_error(harness("report", str(tmp_path), "--check"), "not a benchmark run directory")
+
+
+def test_a_units_trace_is_found_in_either_form(tmp_path):
+    (tmp_path / "traces").mkdir()
+    assert trace_file(tmp_path, "u1") is None
+    (tmp_path / "traces" / "u1.jsonl").write_text('{"config": "u1"}\n')
+    (tmp_path / "traces" / "u2.jsonl").write_text('{"config": "u2"}\n')
+    compress(tmp_path / "traces" / "u2.jsonl")
+    assert trace_file(tmp_path, "u1").name == "u1.jsonl"
+    assert trace_file(tmp_path, "u2").name == "u2.jsonl.gz"
+    assert load_records(tmp_path, {"u1", "u2", "u3"}) == [{"config": "u1"}, {"config": "u2"}]
+    # an archive stopped between writing the gzipped copy and removing the plain one: the plain one is read
+    (tmp_path / "traces" / "u2.jsonl").write_text('{"config": "u2", "plain": true}\n')
+    assert load_records(tmp_path, {"u2"}) == [{"config": "u2", "plain": True}]
+
+
+def test_a_run_directory_keeps_every_result_after_a_kill_mid_write(tmp_path):
+    (tmp_path / "drift").mkdir()
+    (tmp_path / "results.jsonl").write_text(json.dumps({"config": "a", "status": "ok"}) + '\n{"config": "b"')
+    (tmp_path / "drift" / "results.jsonl").write_text('{"config": "a", "st')
+    record_result(tmp_path, {"config": "b", "status": "ok"})
+    assert set(finished(tmp_path)) == {"a", "b"}
+    repair_results(tmp_path)
+    assert (tmp_path / "drift" / "results.jsonl").read_text() == ""
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert [json.loads(x)["config"] for x in lines if x.startswith("{") and x.endswith("}")] == ["a", "b"]

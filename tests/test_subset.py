@@ -1,14 +1,18 @@
 """The timed subset's choice (bench.subset.choose) on synthetic replay records: each proposer's gamma is chosen on
 the category's prompts that are not then timed, and a category without such prompts is recorded as chosen in
-sample, with the number of configurations the choice was among."""
+sample, with the number of configurations the choice was among; and the shared replay run's timed subset."""
 import json
 from types import SimpleNamespace
+
+import pytest
 
 from harness.bench.subset import answered, choose, held_out_predictions
 from harness.plan import Instance
 from harness.sampling import Policy
 from harness.specs import DraftModel
 from harness.rundir import REPLAY_DIR, TRACES_DIR
+from tests.conftest import D
+from tests.helpers import diagnostics_md, report_md
 
 GREEDY = Policy()
 INSTANCES = [Instance("t", DraftModel("d"), g, GREEDY, 0, 0, 1) for g in range(1, 9)]
@@ -76,3 +80,32 @@ def test_the_configuration_a_predicted_speculate_names_is_timed_too(tmp_path):
     assert answered(run) == [(BASE, "greedy", "code", "d", 3)]
     chosen, _ = choose(run, INSTANCES, prompts, 1)
     assert timed_gammas(chosen) == {1, 3, 8} and all(ids == ["held"] for ids in chosen.values())
+
+
+# -- end to end: the shared replay run's timed subset
+@pytest.fixture(scope="module")
+def replay(replay_run):
+    return replay_run, report_md(replay_run)
+
+
+def _results(run) -> dict:
+    return {json.loads(x)["config"]: json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()}
+
+
+def test_timed_subset_times_what_the_replay_chose(replay):
+    """Only baselines on every prompt, then, per category and policy, each proposer's predicted best gamma (on the
+    category's other prompts) and gamma 1, on the category's first prompt."""
+    run, md = replay
+    plan = json.loads((run / "plan.json").read_text())
+    results = _results(run)
+    timed = {c for c, x in results.items() if x["draft"] != "none"}
+    assert timed == set(plan["timed"]) and all(x["status"] == "ok" for x in results.values())
+    assert set(sum(plan["timed"].values(), [])) <= {"code-1", "chat-1"}  # each category's first prompt
+    assert plan["timed_in_sample"] == {}  # each category's second prompt chose what its first was timed on
+    chosen = {(results[c]["draft"], results[c]["gamma"], results[c]["policy"]["temperature"]) for c in timed}
+    for temp in (0.0, 0.8):  # gamma 1 always, beside each proposer's predicted best
+        assert {(D, 1, temp), ("ngram:2", 1, temp)} <= chosen
+    # the predicted verdicts answer, on the first screen; the timed ones check them, in the diagnostics
+    assert "## Predicted from every prompt (replay)" in md.split("## Contents")[0]
+    assert "## Verdict per category" in diagnostics_md(run) and "## Verdict per category" not in md
+    assert "## Drift" not in md + diagnostics_md(run)  # the timed subset is paired; the baselines ran once

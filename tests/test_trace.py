@@ -1,13 +1,13 @@
 """JSONL records: a half-written line left by a kill never swallows the next record, and is repaired away; a line
-damaged after it was written is refused in one line that names the file and the line."""
+damaged after it was written is refused in one line that names the file and the line; a gzipped trace reads as a
+plain one."""
 import gzip
 import json
 
 import pytest
 
 from harness.errors import HarnessError
-from harness.rundir import finished, record_result, repair_results
-from harness.trace import append_record, read_records, repair
+from harness.trace import append_record, compress, decompress, gzipped, read_records, repair
 
 
 def test_a_partial_last_line_does_not_swallow_the_next_record(tmp_path):
@@ -26,18 +26,6 @@ def test_repair_cuts_only_a_partial_last_line(tmp_path):
     f.write_text('{"x": 1')
     assert repair(f) is True and f.read_text() == ""
     assert repair(tmp_path / "missing.jsonl") is False
-
-
-def test_a_run_directory_keeps_every_result_after_a_kill_mid_write(tmp_path):
-    (tmp_path / "drift").mkdir()
-    (tmp_path / "results.jsonl").write_text(json.dumps({"config": "a", "status": "ok"}) + '\n{"config": "b"')
-    (tmp_path / "drift" / "results.jsonl").write_text('{"config": "a", "st')
-    record_result(tmp_path, {"config": "b", "status": "ok"})
-    assert set(finished(tmp_path)) == {"a", "b"}
-    repair_results(tmp_path)
-    assert (tmp_path / "drift" / "results.jsonl").read_text() == ""
-    lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    assert [json.loads(x)["config"] for x in lines if x.startswith("{") and x.endswith("}")] == ["a", "b"]
 
 
 # (case, the file's name, its bytes, words of the one error line; None: read, the cut last line skipped)
@@ -91,3 +79,27 @@ def test_repair_only_reads_an_intact_file(tmp_path, monkeypatch):
     monkeypatch.setattr(trace_mod, "open", lambda p, mode="r", *a, **k: modes.append(mode) or open(p, mode, *a, **k),
                         raising=False)
     assert repair(f) is False and modes == ["rb"]
+
+
+# -- gzipped traces
+def test_read_records_takes_plain_and_gzipped_alike(tmp_path):
+    f = tmp_path / "u.jsonl"
+    recs = [{"type": "step", "i": i, "text": "é"} for i in range(50)]
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"type": "st')  # a kill mid-line
+    assert read_records(f) == recs
+    raw = f.read_bytes()
+    gz = compress(f)
+    assert gz == gzipped(f) == tmp_path / "u.jsonl.gz" and not f.exists()
+    assert gzip.decompress(gz.read_bytes()) == raw
+    assert read_records(gz) == recs
+    assert gz.read_bytes()[4:8] == b"\0\0\0\0"  # no time stamp: the same trace gives the same bytes
+    first = gz.read_bytes()
+    assert decompress(gz) == f and f.read_bytes() == raw and not gz.exists()
+    assert compress(f).read_bytes() == first
+
+
+def test_a_damaged_gzipped_trace_is_one_clear_error(tmp_path):
+    f = tmp_path / "u.jsonl.gz"
+    f.write_bytes(gzip.compress(b'{"a": 1}\n' * 100, mtime=0)[:-20])  # cut short
+    with pytest.raises(HarnessError, match="damaged"):
+        read_records(f)

@@ -1,18 +1,18 @@
-"""The verdict rules (issue 24): "no gain worth having", rows of one prompt, "to settle" with power, and
---until-confident's looks that keep their 95%. Pure, with simulations where a rule is a claim about rates."""
+"""The verdict rules (analysis.verdict; issue 24): the verdicts exactly where the interval lies, "no gain worth
+having", rows of one prompt, a busy machine, "to settle" with power, the break-even rate. Pure, with simulations
+where a rule is a claim about rates."""
 import math
 
 import numpy as np
 import pytest
 
 from harness.analysis.intervals import interval, t_quantile
-from harness.analysis.sequential import first_settled, look_level, spent
-from harness.analysis.verdict import (INCONCLUSIVE, MIN_GAIN, NO_GAIN, PLAIN, SETTLED, SPECULATE, Evidence, decide,
-                                      further_prompts, upper_bound)
+from harness.analysis.verdict import (BUSY, INCONCLUSIVE, MIN_GAIN, NO_DATA, NO_GAIN, PLAIN, SPECULATE, Evidence,
+                                      break_even_rate, decide, further_prompts, upper_bound)
 
 
-def ev(speedup, se=0.05, prompts=5, config="c"):
-    return Evidence(config, speedup, se, prompts)
+def ev(speedup, se=0.05, prompts=5, busy=False, config="c"):
+    return Evidence(config, speedup, se, prompts, busy)
 
 
 def test_no_gain_worth_having_is_the_one_sided_bound_under_one_plus_delta():
@@ -90,58 +90,45 @@ def test_to_settle_settles_at_about_the_stated_rate(rows, kinds):
         assert _simulated_settle_rate(rows, extra // 2, kinds) < rate  # fewer prompts settle it less often
 
 
-def test_spending_adds_up_to_five_percent_whatever_the_looks():
-    assert spent(20, 20) == pytest.approx(0.05)
-    levels = [look_level(n, n - 1 if n > 3 else 0, 20) for n in range(3, 21)]
-    assert sum(1 - x for x in levels) == pytest.approx(0.05)
-    assert look_level(5, 5, 20) is None  # the same evidence again is no look
-    assert all(0.95 < x < 1 for x in levels)
+def test_verdicts_exactly_where_the_interval_lies():
+    q = t_quantile(0.975, 4)
+    above = 1.05 * math.exp(q * 0.05) * 1.01  # just clear of 1 + 5% at n = 5, se 0.05
+    assert decide([ev(above)]).kind == SPECULATE
+    below = math.exp(-q * 0.05) * 0.99  # just clear of 1 below
+    assert decide([ev(below)]).kind == PLAIN
+    for x in (1.0, 1.05, math.exp(-q * 0.05) * 1.01, above / 1.02):
+        v = decide([ev(x)])
+        assert v.kind in (INCONCLUSIVE, NO_GAIN) and v.lo <= max(1, x) and v.hi >= 1
+    v = decide([ev(below)])
+    assert v.hi < 1 and (v.lo, v.hi) == pytest.approx(interval(below, 0.05, 5, log=True))
 
 
-def test_a_settled_group_keeps_its_first_verdict():
-    looks = [[{"g": 1, "verdict": INCONCLUSIVE}, {"g": 2, "verdict": NO_GAIN}],
-             [{"g": 1, "verdict": PLAIN}, {"g": 2, "verdict": INCONCLUSIVE}],
-             [{"g": 1, "verdict": SPECULATE}]]
-    assert first_settled(looks, lambda r: r["g"]) == [{"g": 1, "verdict": PLAIN}, {"g": 2, "verdict": NO_GAIN}]
+def test_speculate_is_widened_for_picking_the_best_of_several():
+    q1 = t_quantile(0.975, 4)
+    barely = 1.05 * math.exp(q1 * 0.05) * 1.01  # clears 1 + 5% on its own 95% interval...
+    assert decide([ev(barely)]).kind == SPECULATE
+    v = decide([ev(barely, config="best"), ev(0.8, config="b"), ev(0.7, config="c"), ev(0.9, config="d")])
+    assert v.kind == INCONCLUSIVE and v.chosen.config == "best"  # ...not once it was picked from four
+    assert decide([ev(barely)], tried=4).kind == INCONCLUSIVE  # nor once it was chosen among four elsewhere
+    strong = decide([ev(1.5, config="best"), ev(0.8, config="b"), ev(0.7, config="c")])
+    assert strong.kind == SPECULATE and strong.adjusted and strong.k == 3 and strong.lo > 1.05
 
 
-def _old_rule(group):
-    """The rule this replaces: 95% at every look, any gain counting as one."""
-    if any(interval(r.speedup, r.se, r.prompts, 1 - 0.05 / len(group), log=True)[0] > 1 for r in group):
-        return SPECULATE
-    return PLAIN if all(interval(r.speedup, r.se, r.prompts, log=True)[1] < 1 for r in group) else INCONCLUSIVE
+def test_plain_needs_every_configuration_below_one():
+    v = decide([ev(0.7), ev(0.8), ev(0.99, se=0.2)])
+    assert v.kind == INCONCLUSIVE and v.chosen.speedup == 0.99
+    assert decide([ev(0.7), ev(0.8)]).kind == PLAIN
 
 
-def _sequential_errors(rule, true=1.0, right=(NO_GAIN,), runs=2000, sd=0.06, seed=11):
-    """Two configurations of a true speedup, a look at every n = 3...20 prompts, stopping at the first settled
-    verdict: the share of runs that stop on a wrong one."""
-    rng = np.random.default_rng(seed)
-    wrong = 0
-    for _ in range(runs):
-        x = rng.normal(math.log(true), sd, (2, 20))
-        for n in range(3, 21):
-            group = [Evidence(str(i), math.exp(x[i, :n].mean()), x[i, :n].std(ddof=1) / math.sqrt(n), n)
-                     for i in range(2)]
-            kind = rule(group, n)
-            if kind in SETTLED:
-                wrong += kind not in right
-                break
-    return wrong / runs
+def test_busy_one_prompt_and_no_data():
+    assert decide([ev(0.5), ev(0.6, busy=True)]).kind == BUSY
+    v = decide([ev(0.5, prompts=1)])
+    assert v.kind == INCONCLUSIVE and "one prompt" in v.why and v.further >= 2
+    assert decide([]).kind == NO_DATA and decide([ev(0.0)]).kind == NO_DATA
 
 
-def spending(group, n):
-    return decide(group, look_level(n, n - 1 if n > 3 else 0, 20)).kind
-
-
-def every_look_at_95(group, n):
-    return decide(group).kind
-
-
-@pytest.mark.slow  # 8,000 simulated sequences of looks: 27-32 s on the Xeon VM
-def test_until_confident_keeps_its_95_percent():
-    # at 1.00 only "no gain worth having" is right; the old rule (any gain counting) stopped wrong in 13%
-    assert _sequential_errors(spending) < 0.06
-    assert _sequential_errors(lambda g, n: _old_rule(g)) > 0.10
-    # at the bar itself (1.05) every settled verdict is wrong: the hardest case for looking again and again
-    assert _sequential_errors(spending, 1.05, ()) < 0.06
-    assert _sequential_errors(every_look_at_95, 1.05, ()) > 0.10
+def test_break_even_rate():
+    # a step of 3 decodes' cost with gamma 4 needs (3 - 1) / 4 = 50% acceptance
+    assert break_even_rate(90, 30, 4) == pytest.approx(0.5)
+    assert break_even_rate(200, 30, 4) is None  # even 100% cannot pay for it
+    assert break_even_rate(20, 30, 2) == 0.0
