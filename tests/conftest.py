@@ -1,3 +1,4 @@
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,14 @@ def calibrations(tmp_path_factory, smol, smol_q2k) -> tuple[list[Path], str]:
         assert r.returncode == 0, r.stderr
         printed += r.stdout
     return [out / f"{m}-t1-ngl0.json" for m in (T, D)], printed
+
+
+@pytest.fixture
+def fake(tmp_path) -> Path:
+    """tests/fake_llama_server.py as an executable named llama-server, the way a binary or a user's command names
+    the real one."""
+    p = tmp_path / "bin" / "llama-server"
+    p.parent.mkdir()
+    p.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).with_name('fake_llama_server.py')} \"$@\"\n")
+    p.chmod(0o755)
+    return p

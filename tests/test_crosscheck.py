@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,18 +14,6 @@ from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SPECULATE
 from harness.crosscheck import stats
 from harness.crosscheck.checks import server_args
 from tests.helpers import copy_run, harness, one_line_error
-
-FAKE = Path(__file__).with_name("fake_llama_server.py")
-
-
-@pytest.fixture
-def fake(tmp_path) -> Path:
-    """The fake server as an executable, the way a llama-server binary is given."""
-    p = tmp_path / "bin" / "llama-server"
-    p.parent.mkdir()
-    p.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
-    p.chmod(0o755)
-    return p
 
 
 @pytest.fixture

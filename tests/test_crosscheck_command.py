@@ -7,25 +7,12 @@ from __future__ import annotations
 import json
 import math
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.crosscheck.servercheck import parse
 from tests.helpers import harness, one_line_error
-
-FAKE = Path(__file__).with_name("fake_llama_server.py")
-
-
-@pytest.fixture
-def fake(tmp_path) -> Path:
-    """The fake server as an executable named llama-server, the way a user's command names the real one."""
-    p = tmp_path / "bin" / "llama-server"
-    p.parent.mkdir()
-    p.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
-    p.chmod(0o755)
-    return p
 
 
 def cmd(*words) -> str:
