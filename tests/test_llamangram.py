@@ -320,6 +320,15 @@ def test_proposer_builds_each_type_from_its_spec():
     assert proposer(parse_draft("ngram-map-k4v")).key_only is False
 
 
+def test_run_refuses_a_gamma_for_a_type_that_sets_its_own():
+    from harness.runner import plan_one
+    with pytest.raises(HarnessError) as e:
+        plan_one(target=T, draft="ngram-mod", gamma=3)
+    assert "ngram-mod drafts up to its own 64 tokens" in str(e.value) and "n-max" in str(e.value)
+    inst, _ = plan_one(target=T, draft="ngram-simple:size-m=6")
+    assert inst.gamma == 6 and str(inst.draft) == "ngram-simple:size-m=6"
+
+
 # -- slow: end to end on SmolLM2, and against llama.cpp's own code ------------------------------------------------
 
 
@@ -346,14 +355,19 @@ def native_build() -> Path | None:
 
 
 class Scripted(FakeEngine):
-    """A greedy target over a vocabulary of 1000: its choice at output position i is script[i]."""
+    """A greedy target: its choice at output position i is script[i]; eog: its end-of-generation test (token 0)."""
+
+    def __init__(self, prompt_len, script, eog=None):
+        super().__init__(prompt_len, script)
+        if eog is not None:
+            self.vocab.is_eog = eog
 
     def decode(self, tokens, logits="last"):
         self.ctx += list(tokens)
         if logits == "none":
             return None
         rows = range(len(self.ctx) - len(tokens), len(self.ctx)) if logits == "all" else [len(self.ctx) - 1]
-        out = np.zeros((len(rows), 1000), dtype=np.float32)
+        out = np.zeros((len(rows), max(self.script) + 1), dtype=np.float32)
         for i, r in enumerate(rows):
             out[i, self.script[r + 1 - self.prompt_len]] = 10.0
         return out
@@ -431,3 +445,52 @@ def test_drafted_and_accepted_equal_llama_cpps_own_code(tmp_path):
         if ours != theirs:
             differ.append((c, str(spec), ours, theirs))
     assert differ == []
+
+
+@pytest.mark.slow
+def test_drafted_and_accepted_equal_llama_servers_along_its_own_outputs(smol, tmp_path):
+    """The real llama-server (`make native`'s), greedy, one server per type over 6 prompts in order, cache_prompt
+    off; then the harness loop with the port teacher-forced along the server's own outputs (the two engines'
+    greedy outputs part at kernel near-ties, and a port's state follows its outputs): per prompt, the tokens
+    proposed and accepted equal the server's timings draft_n and draft_n_accepted."""
+    from harness.crosscheck.binary import native_candidates
+    from harness.crosscheck.server import Server, free_port
+    from harness.engine import Engine, EngineConfig
+    from harness.prompts import load
+    binary = next((b for b in native_candidates() if b.is_file() and os.access(b, os.X_OK)), None)
+    if binary is None:
+        pytest.skip("needs `make native`'s llama-server")
+    e = Engine(smol, EngineConfig(n_ctx=512))
+    try:
+        vocab = e.vocab
+        reqs = [(p.id, vocab.tokenize(p.render(vocab)), p.max_tokens) for p in load(per_category=1)]
+        eog = [t for t in range(8) if vocab.is_eog(t)]
+    finally:
+        e.close()
+    for text in ("ngram-mod:n-match=4:n-min=2", "ngram-simple:size-n=3:size-m=8", "ngram-map-k:size-n=3:size-m=8"):
+        spec = parse_draft(text)
+        flags = [x for k, v in spec.params for x in (f"--spec-{spec.kind}-{k}", str(v))]
+        args = ["-m", str(smol), "-c", "4096", "-np", "1", "-ngl", "0", "--temp", "0", "--spec-type", spec.kind, *flags]
+        with Server(binary, args, free_port(), tmp_path / f"{spec.kind}.log", "speculative") as srv:
+            srv.start(120)
+            answers = [srv.complete({"prompt": toks, "n_predict": mt, "cache_prompt": False, "return_tokens": True,
+                                     "samplers": ["top_k"], "top_k": 1}, pid, 600) for pid, toks, mt in reqs]
+        p, ours, theirs = proposer(spec), [], []
+        for (pid, toks, mt), a in zip(reqs, answers):
+            out, stop = list(a["tokens"]), [eog[0]]
+            if a.get("stop_type") == "eos" and out and out[-1] in eog:
+                stop = [out.pop()]
+            recs = []
+
+            class Trace:
+                write = recs.append
+            script = out + stop + [max(out + stop) + 1] * (spec.own_gamma + 2)  # past the end: nothing drafts it
+            gen = generate(Scripted(len(toks), script, lambda t: t in eog), Request(pid, toks, mt), Policy(), p,
+                           spec.own_gamma, Trace())
+            assert gen["tokens"] == out
+            steps = [x for x in recs if x["type"] == "step"]
+            ours.append((pid, sum(x["proposed"] for x in steps), sum(x["accepted_raw"] for x in steps)))
+            theirs.append((pid, a["timings"].get("draft_n", 0), a["timings"].get("draft_n_accepted", 0)))  # absent: 0
+        assert ours == theirs, text
+        assert sum(x[1] for x in ours) > 0, text
+
