@@ -258,8 +258,9 @@ class NgramMod(LlamaNgramProposer):
     followed it. begin() adds the prompt's n-grams (but the last) and empties the table where more than 25% of it
     is used; a draft first adds the cache's new n-grams in chunks (once more than 32 tokens are new), then follows
     the table from the cache's last n_match - 1 tokens and id_last for up to n_max tokens, and drops a draft that
-    stops short of n_min. Five drafts in a row accepted under 25% empty the table. The table and the streak are
-    kept across generations (begin() resets only where the cache was added up to)."""
+    stops short of n_min. Five drafts in a row accepted under 25% (of the draft before the step's cap cut it)
+    empty the table. The table and that streak are kept across generations: begin() resets only how far the cache
+    was added and the last draft's length. size: the table's entries (llama.cpp's 4M; smaller in tests)."""
 
     def __init__(self, n_match: int = 24, n_max: int = 64, n_min: int = 48, size: int = MOD_SIZE):
         super().__init__(LlamaNgram.make("ngram-mod", n_match=n_match, n_max=n_max, n_min=n_min))
