@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.plan import Instance, Params
+from harness.instance import Instance
+from harness.plan import Params
 from harness.trace import append_record, gzipped, kind, lines, parse, read_numbered, read_records, repair
 
 DRIFT_DIR = "drift"

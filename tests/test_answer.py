@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 from harness.analysis.predict import predictions
-from harness.plan import Instance
+from harness.instance import Instance
 from harness.analysis.verdict import BEYOND, BUSY, INCONCLUSIVE, PLAIN, SPECULATE
 from harness.report.answer import answers, sentence
 from harness.report.replayed import predicted_verdicts
@@ -153,7 +153,7 @@ def test_an_adaptive_best_runs_the_best_fixed_gamma_in_llama_cpp():
     import polars as pl
 
     from harness.analysis.verdict import SPECULATE
-    from harness.plan import Instance
+    from harness.instance import Instance
     from harness.report.answer import answers
     from harness.sampling import Policy
     base = Instance("tgt", parse_draft("none"), 0, Policy(), 0, 0, 0)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from harness.plan import Instance
+from harness.instance import Instance
 from tests.conftest import PROMPT_FILE
 from tests.helpers import diagnostics_md, harness, md_table, one_line_error
 

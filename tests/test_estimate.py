@@ -7,7 +7,8 @@ import pytest
 from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, Weights, batched_ms, batched_step_costs,
                                     remaining_parts, replay_ms, subset_ms, unit_ms)
 from harness.bench.probe import MODEL_S, Figures, Probe
-from harness.plan import Instance, Params
+from harness.instance import Instance
+from harness.plan import Params
 from harness.sampling import Policy
 from harness.specs import DraftModel, NGram, NoDraft
 from harness.prompts import Prompt

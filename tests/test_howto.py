@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from harness.models.catalog import Model
-from harness.plan import Instance
+from harness.instance import Instance
 from harness.report.howto import howto, model_path
 from harness.sampling import Policy
 from harness.specs import parse_draft
@@ -22,7 +22,7 @@ CATALOG = {"tgt": Model("tgt", "path", source_path=Path("/models/t 1.5b.gguf")),
            "dft": Model("dft", "path", source_path=Path("/models/d.gguf"))}
 
 def cmd(draft: str, gamma: int, policy: Policy, n_ctx: int = 2048, **knobs):
-    """howto() for a configuration of target "tgt" with these settings (plan.Instance's names)."""
+    """howto() for a configuration of target "tgt" with these settings (instance.Instance's names)."""
     inst = Instance("tgt", parse_draft(draft), gamma, policy, knobs.pop("ngl", 0), knobs.pop("ngl_draft", 0),
                     knobs.pop("threads", 0), **knobs)
     return howto(inst, n_ctx, catalog=CATALOG)

@@ -16,7 +16,8 @@ import pytest
 from harness.errors import HarnessError
 from harness.llamangram import MOD_MUL, MOD_SIZE, NgramMapK, NgramMod, NgramSimple, proposer
 from harness.loop import Request, generate
-from harness.plan import Instance, expand, make_params
+from harness.instance import Instance
+from harness.plan import expand, make_params
 from harness.report.howto import howto
 from harness.sampling import Policy
 from harness.specs import LlamaNgram, NGram, parse_draft

@@ -12,7 +12,8 @@ import pytest
 
 from harness.drafting import Drafting
 from harness.errors import HarnessError
-from harness.plan import Instance, Params, check, expand, make_params
+from harness.instance import Instance
+from harness.plan import Params, check, expand, make_params
 from harness.report.howto import howto
 from harness.sampling import Policy
 from harness.specs import DraftModel, NGram

@@ -199,7 +199,8 @@ def test_the_replay_through_the_cache_writes_the_same_records(replay_run, tmp_pa
     stepwise matches for llama.cpp's rule), replayed again through the cache, saving then restoring: the records
     are the run's own."""
     from harness.bench.replay import replay_unit
-    from harness.plan import Instance, Params, prompt_pool
+    from harness.instance import Instance
+    from harness.plan import Params, prompt_pool
     from harness.rundir import REPLAY_DIR, read_plan, trace_path
     from harness.trace import read_records
     from tests.helpers import copy_run

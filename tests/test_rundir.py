@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import HarnessError
-from harness.plan import Instance, Params
+from harness.instance import Instance
+from harness.plan import Params
 from harness.sampling import Policy
 from harness.specs import NoDraft
 from harness.rundir import (RUN_SCHEMA, drop_unreadable, finished, load_records, new_run_dir, noise_records, read_plan,

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.bench.subset import answered, choose, held_out_predictions
-from harness.plan import Instance
+from harness.instance import Instance
 from harness.sampling import Policy
 from harness.specs import DraftModel
 from harness.rundir import REPLAY_DIR, TRACES_DIR

@@ -73,7 +73,8 @@ def _die_before_result(attempt, inst_d, round_, prompts, params, run_dir):
 def test_bench_worker_dying_after_its_result_keeps_it_and_before_leaves_an_error_row(tmp_path, monkeypatch):
 
     from harness.bench.worker import run_in_worker
-    from harness.plan import Instance, Params
+    from harness.instance import Instance
+    from harness.plan import Params
     from harness.rundir import finished
     from harness.sampling import Policy
     from harness.specs import DraftModel

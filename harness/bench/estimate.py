@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.bench.probe import REPS, Figures, Probe
-from harness.plan import Instance, Params
+from harness.instance import Instance
+from harness.plan import Params
 
 ALPHA_GUESS = 0.6  # acceptance assumed for the estimate; the sweep measures the real one
 # Measured on the 2-core Xeon VM, page cache warm: a spawned worker up to its first model (the interpreter, the

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.plan import Instance
+from harness.instance import Instance
 
 GIB = 2**30
 

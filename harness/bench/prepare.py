@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from harness.errors import HarnessError
-from harness.plan import Instance
+from harness.instance import Instance
 
 
 def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, max_tokens: int = 0,

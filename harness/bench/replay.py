@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.bench.worker import isolated_unit, record_attempt
-from harness.plan import Instance, Params
+from harness.instance import Instance
+from harness.plan import Params
 from harness.rundir import REPLAY_DIR, cache_dir, load_records, trace_path, unit_id
 from harness.specs import DraftSpec
 

@@ -22,7 +22,8 @@ from harness.bench.prepare import check_out, models_info, preflight, prepare_cal
 from harness.bench.rounds import next_round, open_categories
 from harness.bench.units import Unit, retime_busy, retime_busy_replays, run_replays, run_units
 from harness.errors import HarnessError
-from harness.plan import Instance, Params, expand, first_round, prompt_pool
+from harness.instance import Instance
+from harness.plan import Params, expand, first_round, prompt_pool
 from harness.report import write_reports
 from harness.report.sections import budget_line
 from harness.report.tables import compute

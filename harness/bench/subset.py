@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.bench.noise import busy_units
-from harness.plan import Instance
+from harness.instance import Instance
 
 
 def first_prompts(prompts: list, n: int) -> dict[str, list]:

@@ -10,7 +10,8 @@ import click
 from harness.analysis.noise import SLOWED, WINDOW_S, unit_summary
 from harness.bench import noise
 from harness.bench.estimate import Weights
-from harness.plan import Instance, Params
+from harness.instance import Instance
+from harness.plan import Params
 from harness.rundir import finished, record_noise, unit_id
 
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts

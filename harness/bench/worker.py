@@ -10,7 +10,8 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.procs import death, peak_rss_bytes, rss_bytes_now, run_isolated
-from harness.plan import Instance, Params
+from harness.instance import Instance
+from harness.plan import Params
 from harness.rundir import PAIRED_DIR, cache_dir, finished, record_result, trace_file, trace_path, unit_id
 
 

@@ -149,7 +149,7 @@ def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \
     """Predictions for the calibrated machine from every prompt; with against, the timed speedups measured there
     beside them, and the predictions again on the timed run's own prompts (None without)."""
     from harness.analysis.predict import predictions
-    from harness.plan import Instance
+    from harness.instance import Instance
     cals, machine = load_calibrations(cal_paths)  # the --costs files first: they need no run to be refused
     plan = read_plan(run_dir)
     units = ok_units(run_dir / REPLAY_DIR) if (run_dir / REPLAY_DIR).is_dir() else set()

@@ -21,7 +21,7 @@ ONLY = ("all", "speculate")
 @dataclass
 class Check:
     answer: dict          # the answer's fields (report.answer), without its instance
-    inst: object          # plan.Instance
+    inst: object          # instance.Instance
     prompts: list         # [(prompt id, token ids, max tokens)]
     spec_args: list[str]  # llama-server's flags, the binary left out
     plain_args: list[str]

@@ -22,7 +22,7 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
     for speculate, how to run it in llama.cpp (report.howto) with, where llama.cpp's rule differs from the one
     measured, the figure of llama.cpp's rule beside. A prediction its own timed run contradicts is no answer:
     the group's timed verdict decides where it settled, else the group is inconclusive."""
-    from harness.plan import Instance
+    from harness.instance import Instance
     by_id = {i.id: i for i in (Instance.from_dict(d) for d in plan.get("instances", []))}
     n_ctx = plan.get("params", {}).get("n_ctx", 2048)
     v, sweep = data.get("verdicts"), data.get("sweep")
@@ -91,7 +91,7 @@ def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFra
           "python": how and how.python, "note": " ".join(x for x in (note, how.note) if x) if how else ""}
     x = exact.row(0, named=True) if len(exact) and how and rule_differs(inst) \
         else None
-    # "instance": the plan.Instance the answer names, for every verdict (harness crosscheck runs it in
+    # "instance": the instance.Instance the answer names, for every verdict (harness crosscheck runs it in
     # llama-server); not exported (answer_frame drops it)
     return a | {"exact_speedup": x and x["speedup"], "exact_lo": x and x["speedup_lo"],
                 "exact_hi": x and x["speedup_hi"], "instance": inst}

@@ -117,7 +117,7 @@ def _python(target: str, inst, n_ctx: int) -> str:
 
 
 def howto(inst, n_ctx: int, catalog: dict | None = None) -> HowTo:
-    """The commands that run a configuration of the plan (plan.Instance) at the run's n_ctx, with the harness's
+    """The commands that run a configuration of the plan (instance.Instance) at the run's n_ctx, with the harness's
     settings of the same names."""
     pol, draft, gamma = inst.policy, inst.draft, inst.gamma
     tpath = model_path(inst.target, catalog)

@@ -10,7 +10,8 @@ import polars as pl
 from harness.analysis import metrics, verdict
 from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
 from harness.concurrency.figures import concurrency_frame
-from harness.plan import Instance, Params, prompt_pool
+from harness.instance import Instance
+from harness.plan import Params, prompt_pool
 from harness.report.costs import cost_model
 from harness.report.verdicts import LEVEL_BASELINE, noise_frame, replay_levels, verdicts, verdicts_frame
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records,
