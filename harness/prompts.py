@@ -1,4 +1,5 @@
-"""Prompt sets: prompts/<category>.jsonl, one prompt per line; rendering through the model's chat template."""
+"""Prompt sets: prompts/<category>.jsonl, one prompt per line, or the user's own files (--prompts): OpenAI-style chat
+JSONL and ShareGPT JSON; rendering through the model's chat template."""
 from __future__ import annotations
 
 import json
@@ -39,34 +40,41 @@ class Prompt:
         return self.text or "\n".join(c for _, c in self.messages)
 
 
-def _parse(line: str, where: str) -> Prompt:
+# ShareGPT's speakers ("from"), as common exports write them, and the chat template's role for each
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def _parse(line: str, where: str, stem: str, n: int) -> Prompt:
     try:
         d = json.loads(line)
     except json.JSONDecodeError as e:
         raise HarnessError(f"{where}: not valid JSON ({e.msg})") from None
     if not isinstance(d, dict):
         raise HarnessError(f"{where}: each line must be a JSON object")
-    pid, cat = d.get("id"), d.get("category")
+    return _entry(d, where, stem, n)
+
+
+def _entry(d: dict, where: str, stem: str, n: int) -> Prompt:
+    """One prompt: this project's fields, an OpenAI-style chat ({"messages": [...]}) or a ShareGPT conversation
+    ({"conversations": [...]}). Without an id it is STEM-N (N its line or entry); without a category, the file's
+    stem."""
+    pid, cat = d.get("id", f"{stem}-{n}"), d.get("category", stem)
+    if isinstance(pid, int) and not isinstance(pid, bool):
+        pid = str(pid)  # ShareGPT exports number their conversations
     if not isinstance(pid, str) or not pid:
         raise HarnessError(f"{where}: 'id' must be a non-empty string")
     if not isinstance(cat, str) or not cat:
         raise HarnessError(f"{where}: 'category' must be a non-empty string")
     bad = next((c for c in cat if c == "|" or not c.isprintable()), None)  # it names rows of Markdown tables
     if bad:
+        fix = "rename the category" if "category" in d else "rename the file (its name is the category) or give " \
+            "each prompt a 'category'"
         raise HarnessError(f"{where}: category {json.dumps(cat)} holds {json.dumps(bad)}, which would break the "
-                           "report's tables: rename the category")
-    msgs = d.get("messages", [])
+                           f"report's tables: {fix}")
     text = d.get("text", "")
-    if not isinstance(text, str) or not isinstance(msgs, list):
-        raise HarnessError(f"{where}: 'text' must be a string and 'messages' a list")
-    try:
-        messages = tuple((m["role"], m["content"]) for m in msgs)
-    except (TypeError, KeyError):
-        raise HarnessError(f"{where}: each message needs 'role' and 'content'") from None
-    for k, (r, c) in enumerate(messages, 1):
-        for key, v in (("role", r), ("content", c)):
-            if not isinstance(v, str):
-                raise HarnessError(f"{where}: message {k}'s '{key}' must be a string, got {json.dumps(v)}")
+    if not isinstance(text, str):
+        raise HarnessError(f"{where}: 'text' must be a string")
+    messages = _to_last_user(_conversation(d, where), where)
     if "\x00" in text or any("\x00" in r + c for r, c in messages):
         raise HarnessError(f"{where}: the prompt holds a NUL character (\\u0000), which would cut it short there: "
                            "remove it")
@@ -79,6 +87,47 @@ def _parse(line: str, where: str) -> Prompt:
     if not isinstance(chat, bool):
         raise HarnessError(f"{where}: 'chat' must be true or false, got {chat!r}")
     return Prompt(pid, cat, messages, text, mt, chat)
+
+
+def _conversation(d: dict, where: str) -> tuple[tuple[str, str], ...]:
+    """(role, content) pairs from 'messages' (role, content) or ShareGPT's 'conversations' (from, value)."""
+    if "messages" in d and "conversations" in d:
+        raise HarnessError(f"{where}: give 'messages' or 'conversations', not both")
+    sharegpt = "conversations" in d
+    key, role_key, text_key = ("conversations", "from", "value") if sharegpt else ("messages", "role", "content")
+    turns = d.get(key, [])
+    if not isinstance(turns, list):
+        raise HarnessError(f"{where}: '{key}' must be a list")
+    out, turn = [], "turn" if sharegpt else "message"
+    for k, m in enumerate(turns, 1):
+        if not isinstance(m, dict) or role_key not in m or text_key not in m:
+            raise HarnessError(f"{where}: each {turn} needs '{role_key}' and '{text_key}' ({turn} {k} has not)")
+        role, content = m[role_key], m[text_key]
+        for name, v in ((role_key, role), (text_key, content)):
+            if not isinstance(v, str):
+                raise HarnessError(f"{where}: {turn} {k}'s '{name}' must be a string, got {json.dumps(v)}")
+        if sharegpt:
+            if role not in SHAREGPT_ROLES:
+                raise HarnessError(f"{where}: turn {k} is from {json.dumps(role)}; ShareGPT's speakers are "
+                                   f"{', '.join(SHAREGPT_ROLES)}")
+            role = SHAREGPT_ROLES[role]
+        out.append((role, content))
+    system = d.get("system") if sharegpt else None  # LLaMA-Factory's ShareGPT keeps the system prompt beside
+    if system is not None:
+        if not isinstance(system, str):
+            raise HarnessError(f"{where}: 'system' must be a string")
+        out.insert(0, ("system", system))
+    return tuple(out)
+
+
+def _to_last_user(messages: tuple[tuple[str, str], ...], where: str) -> tuple[tuple[str, str], ...]:
+    """The conversation up to its last user turn: the turns after it are answers, which the model is to give."""
+    last = max((i for i, (r, _) in enumerate(messages) if r == "user"), default=None)
+    if last is None:
+        if messages:
+            raise HarnessError(f"{where}: the conversation has no user turn: nothing to answer")
+        return messages
+    return messages[:last + 1]
 
 
 def read_text(path: Path, what: str) -> str:
@@ -121,12 +170,26 @@ def read_prompt_text(path: Path) -> str:
 
 
 def load_file(path: Path) -> list[Prompt]:
+    """A prompt file: JSON lines (this project's, OpenAI-style chats, ShareGPT conversations), or a JSON list of
+    ShareGPT conversations, as exported."""
+    path = Path(path)
     text = read_text(path, "prompt file")
     _refuse_nul(path, text)
     out = []
-    for n, line in enumerate(_lines(text), 1):
-        if line.strip():
-            out.append(_parse(line, f"{path}:{n}"))
+    if text.lstrip().startswith("["):
+        try:
+            entries = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise HarnessError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        for n, d in enumerate(entries, 1):
+            where = f"{path}: entry {n}"
+            if not isinstance(d, dict):
+                raise HarnessError(f"{where}: each entry of the list must be a JSON object")
+            out.append(_entry(d, where, path.stem, n))
+    else:
+        for n, line in enumerate(_lines(text), 1):
+            if line.strip():
+                out.append(_parse(line, f"{path}:{n}", path.stem, n))
     if not out:
         raise HarnessError(f"prompt file {path} is empty")
     return out

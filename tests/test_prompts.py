@@ -180,3 +180,88 @@ def test_bad_prompt_files(content, words, tmp_path):
     f.write_text(content)
     r = harness("bench", "--target", "smollm2-135m-instruct-q4_1", "--prompts", str(f), "--out", str(tmp_path / "r"))
     one_line_error(r, *words)
+
+
+# -- Your own prompts: OpenAI-style chat JSONL and ShareGPT JSON, categories optional (issue 46) -----------------
+def _chat(*turns) -> dict:
+    return {"messages": [{"role": r, "content": c} for r, c in turns]}
+
+
+def _share(*turns, **extra) -> dict:
+    return {"conversations": [{"from": f, "value": v} for f, v in turns], **extra}
+
+
+def test_openai_chat_jsonl_is_one_category_named_after_the_file_up_to_the_last_user_turn(tmp_path):
+    f = tmp_path / "support.jsonl"
+    f.write_text("\n".join(json.dumps(d) for d in (
+        _chat(("system", "Be brief."), ("user", "Hi?"), ("assistant", "Hello."), ("user", "Why?"),
+              ("assistant", "Because.")),
+        _chat(("user", "Only a question")) | {"max_tokens": 32})) + "\n")
+    a, b = load(paths=[f])
+    assert (a.id, a.category, b.id, b.category) == ("support-1", "support", "support-2", "support")
+    assert a.messages == (("system", "Be brief."), ("user", "Hi?"), ("assistant", "Hello."), ("user", "Why?"))
+    assert a.chat and b.messages == (("user", "Only a question"),) and b.max_tokens == 32
+    assert [p.id for p in load(categories=["support"], paths=[f])] == ["support-1", "support-2"]
+
+
+def test_sharegpt_json_as_exported_maps_its_speakers_and_keeps_its_ids(tmp_path):
+    f = tmp_path / "share.json"
+    f.write_text(json.dumps([
+        _share(("system", "You translate."), ("human", "Ciao"), ("gpt", "Hello"), ("human", "Grazie"),
+               ("gpt", "Thanks"), id="QWJhYvA_0"),
+        _share(("human", "Write a haiku"), ("gpt", "..."), system="Be a poet.", category="creative"),
+        _share(("human", "x")) | {"id": 7},
+    ], indent=2))
+    a, b, c = load(paths=[f])
+    assert (a.id, a.category) == ("QWJhYvA_0", "share")
+    assert a.messages == (("system", "You translate."), ("user", "Ciao"), ("assistant", "Hello"), ("user", "Grazie"))
+    assert (b.id, b.category, b.messages) == ("share-2", "creative", (("system", "Be a poet."),
+                                                                        ("user", "Write a haiku")))
+    assert c.id == "7" and c.chat
+
+
+def test_sharegpt_conversations_read_from_json_lines_too(tmp_path):
+    f = tmp_path / "s.jsonl"
+    f.write_text(json.dumps(_share(("human", "Hi"), ("gpt", "Hey"))) + "\n")
+    (p,) = load(paths=[f])
+    assert (p.id, p.category, p.messages) == ("s-1", "s", (("user", "Hi"),))
+
+
+def test_this_projects_own_lines_read_as_before(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text(json.dumps({"id": "a", "category": "code", "messages": [{"role": "user", "content": "q"}],
+                             "max_tokens": 8}) + "\n")
+    (p,) = load(paths=[f])
+    assert (p.id, p.category, p.messages, p.max_tokens) == ("a", "code", (("user", "q"),), 8)
+
+
+OWN = {  # name -> (file name, content, the words of its one line): a bad entry in each format
+    "chat-jsonl-content-missing": ("chat.jsonl", json.dumps(_chat(("user", "ok"))) + "\n" +
+                                   json.dumps({"messages": [{"role": "user"}]}) + "\n",
+                                   ["chat.jsonl:2:", "'role' and 'content'", "message 1"]),
+    "chat-jsonl-no-user-turn": ("chat.jsonl", json.dumps(_chat(("system", "s"), ("assistant", "a"))) + "\n",
+                                ["chat.jsonl:1:", "no user turn"]),
+    "chat-jsonl-messages-not-list": ("chat.jsonl", '{"messages": "hi"}\n',
+                                     ["chat.jsonl:1:", "'messages' must be a list"]),
+    "sharegpt-unknown-speaker": ("share.json", json.dumps([_share(("human", "a")), _share(("bot", "b"))]),
+                                 ["share.json: entry 2", "from \"bot\"", "human, user, gpt"]),
+    "sharegpt-value-not-string": ("share.json", json.dumps([_share(("human", None))]),
+                                  ["share.json: entry 1", "turn 1's 'value' must be a string"]),
+    "sharegpt-entry-not-object": ("share.json", json.dumps([_share(("human", "a")), "just text"]),
+                                  ["share.json: entry 2", "JSON object"]),
+    "sharegpt-broken-json": ("share.json", '[\n {"conversations": []},\n {"conversations": [}\n]',
+                             ["share.json:3:", "not valid JSON"]),
+    "sharegpt-both-keys": ("share.json", json.dumps([_share(("human", "a")) | _chat(("user", "b"))]),
+                           ["share.json: entry 1", "not both"]),
+    "file-name-breaks-tables": ("a|b.jsonl", json.dumps(_chat(("user", "q"))) + "\n",
+                                ["a|b.jsonl:1:", "rename the file"]),
+}
+
+
+@pytest.mark.parametrize("name, content, words", list(OWN.values()), ids=list(OWN))
+def test_a_bad_entry_of_your_own_prompts_is_one_line_naming_it(name, content, words, tmp_path):
+    f = tmp_path / name
+    f.write_text(content)
+    r = harness("bench", "--target", T, "--prompts", str(f), "--out", str(tmp_path / "reports"))
+    one_line_error(r, *words)
+    assert r.returncode == 1 and not (tmp_path / "reports").exists()
