@@ -6,6 +6,8 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from harness.engine import Engine, EngineConfig
 from harness.errors import HarnessError
 from harness.gamma import N_BATCH
@@ -22,18 +24,34 @@ def cal_path(model_name: str, threads: int, ngl: int, root: Path = CAL_DIR) -> P
     return root / f"{model_name}-t{threads}-ngl{ngl}.json"
 
 
-def block_times(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int, logits: str) -> list[list[float]]:
-    """ms of decoding block[:k] after n_keep cached tokens, reps times for each k = 1..k_max, the k interleaved
-    within each repetition so that a slow spell of the machine does not land on one k."""
-    times: list[list[float]] = [[] for _ in range(k_max)]
+def block_times(e: Engine, n_keep: int, block: list[int], k_max: int, reps: int, logits: str,
+                ks: list[int] | None = None) -> list[list[float]]:
+    """ms of decoding block[:k] after n_keep cached tokens, reps times for each k in ks (default 1..k_max), the k
+    interleaved within each repetition so that a slow spell of the machine does not land on one k."""
+    ks = ks or list(range(1, k_max + 1))
+    times: list[list[float]] = [[] for _ in ks]
     for _ in range(reps):
-        for k in range(1, k_max + 1):
+        for i, k in enumerate(ks):
             e.trim(n_keep)
             t = time.perf_counter()
             e.decode(block[:k], logits=logits)
-            times[k - 1].append((time.perf_counter() - t) * 1000)
+            times[i].append((time.perf_counter() - t) * 1000)
     e.trim(n_keep)
     return times
+
+
+DENSE_K = 8  # block sizes timed one by one; beyond, doubling to k_max
+
+
+def block_sizes(k_max: int) -> list[int]:
+    """The block sizes in_situ times: every k up to DENSE_K, then doubling, then k_max itself; summarized
+    interpolates the rest. Timing every k up to llama.cpp's ngram-mod's 65 (n-max 64, and the bonus token) held a
+    2-core VM about 12 minutes before a worker's first prompt; past a few tokens a block's cost grows close to
+    linearly in k. A doubling that would leave less than its own step to k_max gives way to k_max."""
+    ks = list(range(1, min(k_max, DENSE_K) + 1))
+    while ks[-1] < k_max:
+        ks.append(ks[-1] * 2 if ks[-1] * 3 <= k_max else k_max)
+    return ks
 
 
 def summary(times: list[list[float]]) -> tuple[list[float], list[float]]:
@@ -111,7 +129,8 @@ def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max:
     room = min(e.n_ctx for e in engines) - k_max - 2
     ctxs = [c for c in contexts if c <= room] or [room]
     filler = (text * (ctxs[-1] // max(len(text), 1) + 1))[:ctxs[-1]]
-    out = {"type": "costs", "contexts": ctxs, "k": k_max, "reps": reps}
+    ks = block_sizes(k_max)
+    out = {"type": "costs", "contexts": ctxs, "k": k_max, "ks": ks, "reps": reps}
     for role, e, logits in (("target", target, "all"), ("draft", draft, "last")):
         if e is None:
             continue
@@ -119,7 +138,7 @@ def in_situ(target: Engine | None, draft: Engine | None, text: list[int], k_max:
         for c in ctxs:
             fill(e, filler[:c], cache, prefixes)
             out[f"{role}_times_by_context"].append(
-                [[round(x, 3) for x in t] for t in block_times(e, c, filler[c - k_max:c], k_max, reps, logits)])
+                [[round(x, 3) for x in t] for t in block_times(e, c, filler[c - k_max:c], k_max, reps, logits, ks)])
         e.reset()
     return summarized(out)
 
@@ -139,15 +158,24 @@ def fill(e: Engine, tokens: list[int], cache=None, prefixes: list[list[int]] = (
 
 
 def summarized(rec: dict) -> dict:
-    """A costs record with each role's medians and spreads ("*_ms_by_context", "*_sd_by_context") from its
-    repetitions ("*_times_by_context")."""
+    """A costs record with each role's medians and spreads ("*_ms_by_context", "*_sd_by_context", k = 1..k each)
+    from its repetitions ("*_times_by_context", one per k of "ks": linear between them), so that every reader
+    of the medians sees every k. A record without "ks" timed every k."""
     out = dict(rec)
+    ks = rec.get("ks")
     for role in ("target", "draft"):
         if f"{role}_times_by_context" in rec:
             sums = [summary(ts) for ts in rec[f"{role}_times_by_context"]]
-            out[f"{role}_ms_by_context"] = [[round(x, 3) for x in m] for m, _ in sums]
-            out[f"{role}_sd_by_context"] = [[round(x, 3) for x in s] for _, s in sums]
+            out[f"{role}_ms_by_context"] = [_every_k(ks, m) for m, _ in sums]
+            out[f"{role}_sd_by_context"] = [_every_k(ks, s) for _, s in sums]
     return out
+
+
+def _every_k(ks: list[int] | None, values: list[float]) -> list[float]:
+    """values at block sizes ks, at k = 1..max(ks), rounded as records keep them."""
+    if ks:
+        values = np.interp(np.arange(1, ks[-1] + 1), ks, values).tolist()
+    return [round(x, 3) for x in values]
 
 
 def pooled(first: dict, second: dict) -> dict:
@@ -195,7 +223,8 @@ def _poolable(a: dict, b: dict) -> bool:
     """Two records of one kind and shape: batched, or with their repetitions kept at the same contexts."""
     if "seqs" in a or "seqs" in b:
         return a.get("seqs") == b.get("seqs")
-    return "target_times_by_context" in a and "target_times_by_context" in b and a["contexts"] == b["contexts"]
+    return "target_times_by_context" in a and "target_times_by_context" in b and a["contexts"] == b["contexts"] \
+        and a.get("ks") == b.get("ks")
 
 
 def save(cal: dict, root: Path = CAL_DIR) -> Path:

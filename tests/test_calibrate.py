@@ -52,6 +52,26 @@ def test_a_workers_costs_before_and_after_its_generations_are_pooled():
     assert unit_costs([once])["a"] is once
 
 
+def test_long_blocks_are_timed_at_a_few_sizes_and_read_at_every_k():
+    """calibrate.block_sizes: every k up to 8, then doubling to k_max: ngram-mod's 65 (n-max 64) times 11 sizes,
+    not 65 (12 minutes on a 2-core VM before a worker's first prompt). summarized reads each k between them
+    linearly, so that the cost model's readers see k = 1..k_max as before."""
+    from harness.calibrate import block_sizes, pooled, summarized, unit_costs
+    assert block_sizes(65) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 65]
+    assert block_sizes(9) == list(range(1, 10)) and block_sizes(1) == [1]  # a sweep's gammas up to 8: every k
+    assert block_sizes(24) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24] and block_sizes(17) == [*range(1, 9), 17]
+    ks = [1, 2, 4]
+    rec = summarized({"type": "costs", "config": "a", "contexts": [100], "k": 4, "ks": ks, "reps": 2,
+                      "target_times_by_context": [[[10.0, 10.0], [20.0, 20.0], [40.0, 60.0]]]})
+    assert rec["target_ms_by_context"] == [[10.0, 20.0, 35.0, 50.0]]
+    assert rec["target_sd_by_context"][0][:2] == [0.0, 0.0] and rec["target_sd_by_context"][0][3] > 0
+    later = summarized(rec | {"target_times_by_context": [[[12.0, 12.0], [22.0, 22.0], [52.0, 52.0]]]})
+    assert pooled(rec, later)["target_ms_by_context"] == [[11.0, 21.0, 36.5, 52.0]]
+    dense = summarized({k: v for k, v in later.items() if k not in ("ks", "target_ms_by_context")} |
+                       {"k": 3, "target_times_by_context": [[[12.0], [22.0], [52.0]]]})
+    assert unit_costs([rec, dense])["a"] is rec  # measured at other sizes: not pooled
+
+
 # -- `harness calibrate`
 def test_calibrate_refuses_before_loading(tmp_path, monkeypatch):
     """--k-max above the batch is refused before any model loads (it used to measure for minutes)."""

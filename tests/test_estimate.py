@@ -5,12 +5,12 @@ from dataclasses import replace
 import pytest
 
 from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, Weights, batched_ms, batched_step_costs,
-                                    remaining_parts, replay_ms, subset_ms, unit_ms)
+                                    in_situ_ms, remaining_parts, replay_ms, subset_ms, unit_ms)
 from harness.bench.probe import MODEL_S, Figures, Probe
 from harness.instance import Instance
 from harness.plan import Params
 from harness.sampling import Policy
-from harness.specs import DraftModel, NGram, NoDraft
+from harness.specs import DraftModel, LlamaNgram, NGram, NoDraft
 from harness.prompts import Prompt
 
 T, T2, D = "target-model", "other-target", "draft-model"
@@ -79,6 +79,22 @@ def test_a_unit_by_hand_and_its_load():
     assert unit_ms(SPEC, 1, ps, PARAMS, None, figures(ps), ledger) == pytest.approx(SPEC_MS - COSTS_MS)
     assert unit_ms(SPEC, 1, ps, replace(PARAMS, repeat=2), None, figures(ps), ledger) == \
         pytest.approx(2 * (SPEC_MS - COSTS_MS))
+
+
+def test_a_llama_ngram_unit_is_priced_as_plain_and_times_its_long_blocks_at_a_few_sizes():
+    """ngram-mod drafts up to its n-max of 64 only on a hit, on most steps nothing: its generations are priced as
+    plain decoding (with gamma 64 at alpha 0.6 every step was a verify of 65 for 2.5 tokens, 268 ms a token). Its
+    decode costs time 11 block sizes (calibrate.block_sizes), not 65."""
+    ps = prompts(1)
+    mod = Instance(T, LlamaNgram.make("ngram-mod"), 64, GREEDY, 0, 0, 2)
+    gens = 64 * (30 + 30) + 2 * 2 * 500  # 2 x 32 tokens at 30 ms and the twin's 30; each prompt twice
+    assert unit_ms(mod, 1, ps, PARAMS, None, figures(ps), Ledger(cached=False)) == pytest.approx(gens)
+    # before the generations and after them, at contexts 100 and 132: each evaluated, then 3 blocks of each of
+    # k = 1..8, 16, 32, 65 at 30 + 10 (k - 1) ms
+    blocks = 3 * (11 * 30 + 10 * (36 + 16 + 32 + 65 - 11))
+    assert in_situ_ms(PROBES[(T, 2, 0)], (100, 132), 65) == pytest.approx(232 * 5 + 2 * blocks)
+    assert unit_ms(mod, 0, ps, PARAMS, None, figures(ps), Ledger(cached=False)) == \
+        pytest.approx(gens + 2 * (232 * 5 + 2 * blocks))
 
 
 def test_with_the_prompt_cache_each_model_evaluates_each_prompt_once_a_run():

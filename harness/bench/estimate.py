@@ -56,11 +56,13 @@ class Ledger:
 def in_situ_ms(p: Probe, contexts: tuple[int, ...], k_max: int, starts: list[int] = ()) -> float:
     """calibrate.in_situ for one model: each context's text evaluated, but for the longest of the prompts' cached
     states that fits (`starts`, their lengths: calibrate.fill restores it, and the ledger counts its evaluation
-    where the rows' own is), then REPS blocks of k = 1..k_max after it."""
+    where the rows' own is), then REPS blocks of each size it times (calibrate.block_sizes) after it."""
+    from harness.calibrate import block_sizes
+
     def rest(c: int) -> float:
         s = max((x for x in starts if x <= c), default=0)
         return p.prompt(c - s, start=s)
-    return sum(rest(c) + REPS * sum(p.blocks(k_max, c)) for c in contexts)
+    return sum(rest(c) + REPS * sum(p.blocks(k_max, c)[k - 1] for k in block_sizes(k_max)) for c in contexts)
 
 
 def batched_ms(p: Probe, n: int, block: int, target: bool, context: int = 128) -> float:
@@ -119,7 +121,9 @@ def generations_ms(inst: Instance, prompts: list, params: Params, run_dir: Path 
     seqs = min(inst.parallel, max(Counter(p.category for p in prompts).values()))
     c = unit_costs(inst, run_dir, context, fig) if seqs == 1 else batched_step_costs(inst, seqs, context, fig)
     plain, g = c.target_ms[0] / seqs, inst.gamma
-    per_tok = plain if inst.baseline or inst.adaptive else \
+    # llama.cpp's n-gram types draft only on a hit (ngram-mod nothing or n-min..n-max tokens, the others up to
+    # size-m), on most steps nothing: priced as plain decoding, as adaptive gamma is, not as n-max drafts a step
+    per_tok = plain if inst.baseline or inst.adaptive or inst.draft.own_gamma else \
         c.step_ms(g, ALPHA_GUESS) / expected_tokens(ALPHA_GUESS, g) / seqs
     twin = params.paired and not inst.baseline
     cacheable = inst.parallel == 1  # the worker batches several sequences without the cache
