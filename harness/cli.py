@@ -137,7 +137,8 @@ def drafts(target, paths, as_json):
     "max_tokens", "budget_min", "out", "resume", "dry_run"))
 @click.option("--profile", multiple=True, help="A named profile from profiles.toml (make bench uses 'default').")
 @click.option("--target", help="Comma list of target names or paths.")
-@click.option("--draft", help="Comma list of drafts (names, paths, ngram:N); none = baseline only.")
+@click.option("--draft", help="Comma list of drafts: names, paths, ngram:N, llama.cpp's ngram-simple, ngram-map-k, "
+              "ngram-map-k4v, ngram-mod; none = baseline only; not given: picked for the target.")
 @click.option("--gamma", help="Comma list of draft lengths, e.g. 1,2,4,8; auto or auto:N picks gamma per step.")
 @click.option("--temp", help="Comma list of temperatures (0 = greedy).")
 @click.option("--top-p", help="Comma list.")
@@ -204,6 +205,7 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_ru
     """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
     from pathlib import Path
 
+    from harness.bench.autodraft import with_drafts
     from harness.bench.prepare import out_dir
     from harness.bench.run import command_line, run_bench
     from harness.plan import Params, first_round, load_profile, make_params
@@ -229,7 +231,7 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_ru
         return
     if rerun_busy:
         raise HarnessError("--rerun-busy measures again what a run measured on a busy machine: give --resume RUN_DIR")
-    params = make_params(load_profile(profile) if profile else {}, opts)
+    params = make_params(load_profile(profile) if profile else {}, with_drafts(profile, opts))
     run_bench(params, first_round(params), out_dir(out), None, skip_unsupported, command, allow_busy, dry_run=dry_run)
 
 
