@@ -23,6 +23,9 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
     for ref in sorted(models):
         m = resolve(ref, cat)
         require_present(m)
+    from harness.models.arch import require_rollback
+    # speculation rolls a rejected draft back, in both models, and the probe does in each: from the headers
+    require_rollback({ref: resolve(ref, cat).path for ref in sorted(models)})
     skipped = {}
     if not gpu_offload_supported():
         gpu = [i for i in instances if i.ngl > 0 or i.ngl_draft > 0]
@@ -116,6 +119,7 @@ def prepare_calibrations(instances: list[Instance], run_dir: Path, calibrate: bo
 def models_info(names: set[str]) -> dict[str, dict]:
     """What the report header says of each model, recorded in plan.json when the run starts, so a report
     never depends on the model files still being there."""
+    from harness.models import arch
     from harness.models.catalog import resolve
     from harness.models.store import current_sha, read_sidecar
     out = {}
@@ -129,7 +133,8 @@ def models_info(names: set[str]) -> dict[str, dict]:
         note = f"requantized from {side.get('derived_from', m.derive_from)} (never better than its source)" \
             if m.requantized else ""
         out[n] = {"quant": m.quant or side.get("info", {}).get("quant", ""), "bytes": m.path.stat().st_size,
-                  "sha256": side.get("sha256") or m.sha256 or current_sha(m.path), "note": note}
+                  "sha256": side.get("sha256") or m.sha256 or current_sha(m.path), "note": note,
+                  "arch": arch.read(m.path)}
     return out
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.errors import HarnessError
+from harness.models import arch
 from harness.models.catalog import GGUF_MAGIC
 from harness.models.header import NULL, Header, Unreadable, Vocab, read_header, vocab
 
@@ -230,6 +231,7 @@ def _describe(h: Header, v: Vocab | None = None) -> dict:
     d = {k: kv.get(f"general.{k}") for k in ("architecture", "basename", "size_label")}
     d["general_name"] = kv.get("general.name")
     d["bytes"] = h.bytes
+    d["arch"] = arch.facts(h)
     if v is not None:
         d["vocab"] = v.to_dict()
     return d
@@ -355,8 +357,10 @@ def format_survey(s: dict) -> str:
     from tabulate import tabulate
     t = s["target"]
     v = t["vocab"]
+    f, why = t["arch"], arch.refusal("harness bench refuses it", t["arch"])
     lines = [f"Target {t['name']}: {_size(t['bytes'])}, {family(t)}, vocab {v['type']} ({v['model']}, "
-             f"{v['pre'] or 'no'} pre-tokenizer), {v['n_tokens']} tokens.", ""]
+             f"{v['pre'] or 'no'} pre-tokenizer), {v['n_tokens']} tokens.",
+             " ".join([f"Architecture: {arch.words(f)}.", *arch.implications(f), *([why + "."] if why else [])]), ""]
     rows = []
     for c in s["candidates"]:
         h = c["harness"]

@@ -5,11 +5,13 @@ a 2-core VM, where this takes 0.05 s; gguf supplies the tensor types' sizes.
 
 `vocab` derives from a header what llama.cpp's vocabulary would hold (llama_vocab::impl::load in
 src/llama-vocab.cpp of the llama.cpp that llama-cpp-python 0.3.36 vendors): its type, BOS and EOS ids, add-BOS and
-add-EOS flags, size and token texts, with llama.cpp's defaults where the header leaves a key out."""
+add-EOS flags, size and token texts, with llama.cpp's defaults where the header leaves a key out. The tensor list
+gives the parameter count, and the routed experts' share of it per layer (arch.py)."""
 from __future__ import annotations
 
 import hashlib
 import mmap
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,8 @@ _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "
 _STRING, _ARRAY = 8, 9
 _TOKENS = "tokenizer.ggml.tokens"
 GGML_MAX_DIMS = 4
+LLAMA_MAX_LAYERS = 512  # a model's numeric array this short may hold per-layer values (expert_used_count): kept
+_EXPERTS = re.compile(rb"blk\.(\d+)\.ffn_\w+_exps\.")  # the routed experts' tensors (llama-arch.cpp: *_exps)
 
 
 class Unreadable(Exception):
@@ -42,11 +46,16 @@ class Header:
     kv: dict  # scalars and strings; an array is its length
     tokens: list[bytes] | None  # tokenizer.ggml.tokens, as stored
     tokenizer_digest: str  # of every tokenizer.* key-value as stored: equal digests, equal tokenizers
+    arrays: dict = field(default_factory=dict)  # numeric arrays of at most LLAMA_MAX_LAYERS items, as lists (but the
+    # tokenizer's)
+    params: int = 0  # elements of every tensor
+    expert_params: dict = field(default_factory=dict)  # layer -> elements of its routed experts' tensors
 
 
 class _Reader:
     def __init__(self, buf, endian: str):
         self.buf, self.e, self.pos, self.size = buf, endian, 0, len(buf)
+        self.numbers: list | None = None  # the values of the last short numeric array read
 
     def take(self, fmt: str):
         s = struct.Struct(self.e + fmt)
@@ -103,10 +112,14 @@ class _Reader:
                 got = self.strings(n, keep)
                 return got if keep else n
             if it in _SCALAR:
+                start = self.pos
                 self.skip(n * struct.calcsize(_SCALAR[it]))
+                if n <= LLAMA_MAX_LAYERS:
+                    self.numbers = list(struct.unpack_from(f"{self.e}{n}{_SCALAR[it]}", self.buf, start))
             elif it == _ARRAY:
                 for _ in range(n):
                     self.value(_ARRAY)
+                self.numbers = None
             else:
                 raise Unreadable("unreadable", f"an array of unknown GGUF type {it}")
             return n
@@ -144,6 +157,7 @@ def _parse(path: Path, mm, size: int, total_bytes: int) -> Header:
     r = _Reader(mm, "<")
     r.pos = 8
     kv: dict = {}
+    arrays: dict = {}
     tokens = None
     digest = hashlib.blake2b(digest_size=16)
     try:
@@ -154,26 +168,31 @@ def _parse(path: Path, mm, size: int, total_bytes: int) -> Header:
             start = r.pos
             key = r.string().decode("utf-8", errors="replace")
             t = r.take("I")
+            r.numbers = None
             v = r.value(t, keep=key == _TOKENS and t == _ARRAY)
+            if r.numbers is not None and not key.startswith("tokenizer."):
+                arrays[key] = r.numbers
             if key == _TOKENS and isinstance(v, list):
                 tokens, v = v, len(v)
             kv[key] = v
             if key.startswith("tokenizer."):
                 digest.update(mm[start:r.pos])
-        end = _tensor_end(r, n_tensors, kv)
+        end, params, experts = _tensors(r, n_tensors, kv)
     except _Short:
         raise Unreadable("truncated", f"truncated header: it ends at byte {size}, inside its metadata") from None
     if end > size:
         raise Unreadable("truncated", f"truncated: its tensors need {end} bytes, the file has {size}")
-    return Header(path, total_bytes, kv, tokens, digest.hexdigest())
+    return Header(path, total_bytes, kv, tokens, digest.hexdigest(), arrays, params, experts)
 
 
-def _tensor_end(r: _Reader, n_tensors: int, kv: dict) -> int:
-    """The byte where the last tensor's data ends (the tensor list is read; the data is not)."""
+def _tensors(r: _Reader, n_tensors: int, kv: dict) -> tuple[int, int, dict[int, int]]:
+    """The byte where the last tensor's data ends (the tensor list is read; the data is not), the elements of all
+    tensors, and those of each layer's routed experts."""
     sizes = _type_sizes()
-    last = 0
+    last = params = 0
+    experts: dict[int, int] = {}
     for _ in range(n_tensors):
-        r.string()
+        name = r.string()
         n_dims = r.take("I")
         if n_dims > GGML_MAX_DIMS:
             raise Unreadable("unreadable", f"a tensor with {n_dims} dimensions")
@@ -181,12 +200,15 @@ def _tensor_end(r: _Reader, n_tensors: int, kv: dict) -> int:
         for _ in range(n_dims):
             n *= r.take("Q")
         ttype, offset = r.take("I"), r.take("Q")
+        params += n
+        if m := _EXPERTS.match(name):
+            experts[int(m[1])] = experts.get(int(m[1]), 0) + n
         if ttype in sizes:
             block, type_size = sizes[ttype]
             last = max(last, offset + n // block * type_size)
     align = kv.get("general.alignment", 32)
     align = align if isinstance(align, int) and align > 0 else 32
-    return -(-r.pos // align) * align + last
+    return -(-r.pos // align) * align + last, params, experts
 
 
 # -- llama.cpp's vocabulary, as llama-vocab.cpp derives it from the header --------------------------------------

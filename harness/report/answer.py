@@ -8,6 +8,7 @@ from dataclasses import replace
 import polars as pl
 
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SETTLED, SPECULATE
+from harness.models.arch import implications, words
 from harness.report.fmt import beside, ci
 from harness.report.replayed import best_fixed, confirmation
 from harness.report.verdicts import GROUP, LEVEL_REPLAY
@@ -137,9 +138,10 @@ def rests_on(a: dict) -> str:
     return f"{a['source']}" + (f"; timed check: {check}" if check else "")
 
 
-def section(rows: list[dict]) -> list[str]:
+def section(rows: list[dict], models: dict | None = None) -> list[str]:
     """The first lines of the report: the answer per group (answers), in words, each "speculate" with its
-    llama-server command (how_to_run gives the others)."""
+    llama-server command (how_to_run gives the others); beside it, what each target's architecture (plan.json's
+    `models`, models.arch) means for the answer."""
     if not rows:
         return []
     vary = [k for k in VARY if len({r[k] for r in rows}) > 1]
@@ -147,6 +149,9 @@ def section(rows: list[dict]) -> list[str]:
              f"Per category and sampling policy; 95% confidence, at a least gain worth having of "
              f"{rows[0]['min_gain']:.0%} (`--min-gain`). No verdict rests on a busy measurement, nor on a prediction "
              "its own timed run contradicts. The table below gives each verdict's figures.", ""]
+    said = [" ".join([f"The target {t}: {words(f)}.", *implications(f)])
+            for t in dict.fromkeys(r["target"] for r in rows) if (f := (models or {}).get(t, {}).get("arch"))]
+    lines += [" ".join(said), ""] if said else []
     for r in rows:
         lines.append(f"- {_where(r, vary)}{sentence(r)}")
         lines += [f"  {x}" for x in _how(r, SERVER)]

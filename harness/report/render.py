@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.models.arch import words
 from harness.report import answer, concurrency, replayed, sections
 from harness.report.diagnostics import DIAGNOSTICS
 from harness.report.fmt import contents, mib, table
@@ -31,7 +32,7 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
         # (the timed ones check them, in the diagnostics), else the timed ones
         rows = answer.answers(data, plan)
         memory, memory_detail = sections.memory(sweep)
-        first += answer.section(rows) + _verdict_plot(run_dir, rel) + (
+        first += answer.section(rows, plan.get("models", {})) + _verdict_plot(run_dir, rel) + (
             replayed.verdict_table(data) or sections.timed_verdicts(data.get("verdicts"))) + memory
         body = answer.how_to_run(rows) + _how_verdicts(data, plan) + replayed.sections(data, plan) + \
             sections.until_confident(plan, data.get("verdicts")) + concurrency.section(data, run_dir, rel) + \
@@ -52,9 +53,12 @@ def _how_verdicts(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
 def _summary(plan: dict) -> str:
     s, p = plan.get("system", {}), plan.get("params", {})
     sweeps = [p, *p.get("also", [])]  # a further sweep's lists replace the main one's, the rest inherited
-    targets = ", ".join(dict.fromkeys(t for q in sweeps for t in q.get("target", p.get("target", []))))
+    models = plan.get("models", {})
+    names = list(dict.fromkeys(t for q in sweeps for t in q.get("target", p.get("target", []))))
+    targets = ", ".join(t + (f" ({words(models[t]['arch'])})" if models.get(t, {}).get("arch") else "")
+                        for t in names)
     drafts = ", ".join(dict.fromkeys(d for q in sweeps for d in q.get("draft", p.get("draft", [])) if d != "none"))
-    return (f"Target{'s' * (', ' in targets)} {targets}; drafts {drafts or 'none'}; "
+    return (f"Target{'s' * (len(names) > 1)} {targets}; drafts {drafts or 'none'}; "
             f"gamma {', '.join(map(str, p.get('gamma', [])))}; "
             f"{s.get('cpu', 'unknown CPU')}, {s.get('cores_physical')} cores, {s.get('backend', '')}; "
             f"{s.get('date', '')}.")
@@ -83,9 +87,9 @@ def _machine(plan: dict, rel: Path) -> list[str]:
     lines += [f"- {b}" for b in [sections.budget_line(plan.get("budget"), plan.get("took_s"))] if b]
     lines += [f"- command: `{plan.get('command', '')}`", f"- raw traces: `{(rel / 'traces').as_posix()}` (one JSONL "
               "per configuration; every figure here is computed from them: `harness report RUN_DIR --check`)", ""]
-    rows = [[n, m["quant"], mib(m["bytes"]) if m["bytes"] else "", m["sha256"][:12], m["note"]]
-            for n, m in sorted(plan.get("models", {}).items())]
-    return lines + ["### Models", "", table(rows, ["model", "quant", "size", "sha256", "note"]), ""]
+    rows = [[n, m["quant"], mib(m["bytes"]) if m["bytes"] else "", words(m["arch"]) if m.get("arch") else "",
+             m["sha256"][:12], m["note"]] for n, m in sorted(plan.get("models", {}).items())]
+    return lines + ["### Models", "", table(rows, ["model", "quant", "size", "architecture", "sha256", "note"]), ""]
 
 
 def _failures(data: dict[str, pl.DataFrame]) -> list[str]:

@@ -1,0 +1,198 @@
+"""models/arch.py: the architecture's facts from a GGUF header (dense, MoE with its experts and active parameters,
+recurrent or hybrid memory, MTP heads, EAGLE-3 and DFlash heads), on tiny GGUFs the tests write with those keys;
+the refusal of a model whose state the harness cannot roll back, before any model loads; the facts in `harness
+drafts`, the report header and beside the answer."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.models import arch
+from harness.models.header import read_header
+from tests.conftest import PROMPT_FILE
+from tests.helpers import harness, one_line_error
+from tests.tiny_gguf import build_tokenizer, write_tiny_model
+
+gguf = pytest.importorskip("gguf")
+
+E, FF, D = 8, 16, 32  # experts, their feed-forward width, the embedding width
+DENSE = {"token_embd.weight": (64, D), "blk.0.attn_q.weight": (D, D), "blk.1.attn_q.weight": (D, D),
+         "blk.0.ffn_up.weight": (FF, D), "blk.1.ffn_up.weight": (FF, D)}
+EXPERTS = {f"blk.{i}.ffn_{k}_exps.weight": (E, FF, D) for i in (0, 1) for k in ("gate", "up", "down")}
+MOE = {**DENSE, **EXPERTS, "blk.0.ffn_gate_inp.weight": (E, D), "blk.1.ffn_gate_inp.weight": (E, D)}
+N_DENSE, N_MOE = sum(map(np.prod, DENSE.values())), sum(map(np.prod, MOE.values()))
+N_EXPERT_LAYER = 3 * E * FF * D  # one layer's routed experts
+
+
+def write(path: Path, name: str, keys: dict | None = None, tensors: dict | None = None) -> Path:
+    """A GGUF of architecture `name` (a header that llama.cpp's loader reads; no weights that compute anything)
+    with `<name>.KEY` for each of keys (an int, or a list: an array) and the default tiny tokenizer."""
+    w = gguf.GGUFWriter(str(path), name)
+    w.add_block_count(2)
+    w.add_context_length(64)
+    w.add_embedding_length(D)
+    for k, v in (keys or {}).items():
+        if isinstance(v, list):
+            w.add_array(f"{name}.{k}", v)
+        else:
+            w.add_uint32(f"{name}.{k}", v)
+    tok = build_tokenizer()
+    w.add_tokenizer_model(tok.model)
+    w.add_tokenizer_pre(tok.pre)
+    w.add_token_list(list(tok.tokens))
+    w.add_token_types(list(tok.token_types))
+    w.add_bos_token_id(tok.bos_id)
+    w.add_eos_token_id(tok.eos_id)
+    for t, shape in (tensors or DENSE).items():
+        w.add_tensor(t, np.zeros(shape, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# file stem -> (architecture, keys, tensors)
+MODELS = {
+    "dense": ("llama", {}, DENSE),
+    "moe": ("qwen3moe", {"expert_count": E, "expert_used_count": 2}, MOE),
+    "moe_per_layer": ("qwen3moe", {"expert_count": E, "expert_used_count": [0, 4]}, MOE),
+    "mtp": ("glm4moe", {"expert_count": E, "expert_used_count": 2, "nextn_predict_layers": 1}, MOE),
+    "hybrid": ("qwen3next", {"expert_count": E, "expert_used_count": 2}, MOE),
+    "hybrid_rs": ("lfm2", {}, DENSE),
+    "recurrent": ("mamba", {}, DENSE),
+    "eagle3": ("eagle3", {}, DENSE),
+    "dflash": ("dflash", {}, DENSE),
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("arch")
+    return {k: write(d / f"{k}.gguf", a, keys, t) for k, (a, keys, t) in MODELS.items()}
+
+
+def facts(files, k) -> dict:
+    return arch.facts(read_header(files[k]))
+
+
+def test_dense(files):
+    f = facts(files, "dense")
+    assert f == {"architecture": "llama", "memory": "kv cache", "experts": 0, "experts_used": 0, "params": N_DENSE,
+                 "active_params": N_DENSE, "mtp_layers": 0, "head": None}
+    assert arch.words(f) == f"dense, {N_DENSE / 1e3:.0f}K parameters in the file"
+    assert arch.implications(f) == [] and arch.refusal("m", f) is None
+
+
+def test_moe_counts_the_routed_experts_a_token_uses(files):
+    f = facts(files, "moe")
+    active = N_MOE - 2 * N_EXPERT_LAYER * (E - 2) // E  # two layers, 2 of 8 experts each
+    assert (f["experts"], f["experts_used"], f["params"], f["active_params"]) == (E, 2, N_MOE, active)
+    assert arch.words(f).startswith(f"MoE: 8 experts, 2 used per token, {active / 1e3:.0f}K of {N_MOE / 1e3:.0f}K")
+    assert "more experts" in arch.implications(f)[0] and arch.refusal("m", f) is None
+
+
+def test_moe_experts_used_per_layer_as_an_array(files):
+    f = facts(files, "moe_per_layer")
+    assert read_header(files["moe_per_layer"]).arrays["qwen3moe.expert_used_count"] == [0, 4]
+    # layer 0 uses none of its experts, layer 1 half of them
+    assert (f["experts_used"], f["active_params"]) == (4, N_MOE - N_EXPERT_LAYER - N_EXPERT_LAYER // 2)
+
+
+def test_long_arrays_are_not_kept(files):
+    h = read_header(files["dense"])
+    assert "tokenizer.ggml.token_type" not in h.arrays and h.kv["tokenizer.ggml.token_type"] == len(h.tokens)
+
+
+def test_mtp_heads(files):
+    f = facts(files, "mtp")
+    assert f["mtp_layers"] == 1 and arch.words(f).endswith("; MTP heads (1 layer)")
+    assert any("--spec-type draft-mtp" in x for x in arch.implications(f))
+
+
+@pytest.mark.parametrize("k, words", [
+    ("hybrid", ["a hybrid (recurrent and attention) architecture 'qwen3next'"]),
+    ("hybrid_rs", ["'lfm2'", "n_rs_seq, which the harness does not set"]),
+    ("recurrent", ["a recurrent architecture 'mamba'"]),
+])
+def test_recurrent_and_hybrid_state_is_refused_with_llama_cpps_reason(files, k, words):
+    f = facts(files, k)
+    why = arch.refusal("m.gguf", f)
+    for w in ["m.gguf: ", *words, "cannot be rolled back", "llama_memory_seq_rm on a partial range",
+              "llama-server speculates on it with state checkpoints"]:
+        assert w in why
+    assert "\n" not in why
+    assert f["memory"] in arch.words(f)
+    assert ("MoE: 8 experts" in arch.words(f)) == (k == "hybrid")  # a hybrid MoE says both
+
+
+@pytest.mark.parametrize("k, head, spec", [("eagle3", "EAGLE-3", "draft-eagle3"), ("dflash", "DFlash", "draft-dflash")])
+def test_eagle3_and_dflash_heads(files, k, head, spec):
+    f = facts(files, k)
+    assert f["head"] == head and arch.words(f).startswith(f"an {head} head")
+    assert f"--spec-type {spec}" in arch.refusal("m", f)
+
+
+LLAMA_ARCH = Path("/root/.cache/harness/native/src/llama_cpp_python-0.3.36/vendor/llama.cpp/src/llama-arch.cpp")
+
+
+@pytest.mark.skipif(not LLAMA_ARCH.is_file(), reason="llama.cpp's source is not at hand")
+def test_the_sets_are_llama_cpps():
+    src = LLAMA_ARCH.read_text()
+    names = dict(re.findall(r"\{ (LLM_ARCH_\w+),\s+\"([^\"]+)\"", src))
+
+    def cases(fn: str) -> set[str]:
+        body = src[src.index(f"bool {fn}(const llm_arch & arch)"):]
+        body = body[:body.index("default:")]
+        return {names[c] for c in re.findall(r"case (LLM_ARCH_\w+):", body)}
+    assert cases("llm_arch_is_recurrent") == arch.RECURRENT
+    assert cases("llm_arch_is_hybrid") == arch.HYBRID
+    assert cases("llm_arch_supports_rs_rollback") == arch.RS_ROLLBACK
+    assert {names["LLM_ARCH_EAGLE3"], names["LLM_ARCH_DFLASH"]} == set(arch.HEADS)
+
+
+# -- the refusal, before any model loads ------------------------------------------------------------------------
+@pytest.mark.parametrize("role, k, words", [
+    ("target", "hybrid", ["hybrid.gguf", "'qwen3next'", "cannot be rolled back"]),
+    ("draft", "recurrent", ["recurrent.gguf", "a recurrent architecture 'mamba'"]),
+    ("draft", "eagle3", ["eagle3.gguf", "an EAGLE-3 head", "draft-eagle3"]),
+])
+def test_bench_refuses_in_one_line_before_any_model_loads(files, tmp_path, role, k, words):
+    tiny = write_tiny_model(tmp_path / "tiny.gguf")
+    target, draft = (files[k], "ngram:3") if role == "target" else (tiny, files[k])
+    r = harness("bench", "--target", target, "--draft", draft, "--prompts", PROMPT_FILE, "--per-category", "1",
+                "--out", tmp_path / "reports")
+    one_line_error(r, *words)
+    assert r.returncode == 1 and not (tmp_path / "reports").exists()
+
+
+# -- where the facts are shown ----------------------------------------------------------------------------------
+def test_drafts_shows_the_targets_architecture(files, tmp_path):
+    (tmp_path / "none").mkdir()
+    out = harness("drafts", files["mtp"], tmp_path / "none").stdout
+    assert "Architecture: MoE: 8 experts, 2 used per token" in out and "draft-mtp" in out
+    out = harness("drafts", files["hybrid"], tmp_path / "none").stdout
+    assert "harness bench refuses it: a hybrid (recurrent and attention) architecture 'qwen3next'" in out
+    j = harness("drafts", files["moe"], tmp_path / "none", "--json").stdout
+    assert '"experts": 8' in j
+
+
+def test_the_plan_records_the_facts_and_the_report_shows_them(files):
+    from harness.bench.prepare import models_info
+    from harness.report import answer, render
+    name = str(files["mtp"])
+    models = models_info({name, "ngram:3"})
+    assert models[name]["arch"] == facts(files, "mtp") and "arch" not in models["ngram:3"]
+    plan = {"system": {}, "params": {"target": [name], "draft": ["ngram:3"], "gamma": [4]}, "models": models}
+    words = arch.words(models[name]["arch"])
+    assert f"Target {name} ({words}); drafts ngram:3" in render._summary(plan)
+    assert words in "\n".join(render._machine(plan, Path(".")))
+    row = {"target": name, "ngl": 0, "threads": 2, "setup": "", "category": "code", "policy": "greedy",
+           "verdict": "no gain", "speedup": 1.0, "at_most": 1.02, "min_gain": 0.05, "configuration": "ngram:3 γ 4"}
+    lines = answer.section([row], models)
+    said = next(x for x in lines if x.startswith(f"The target {name}: {words}."))  # one paragraph
+    assert "more experts" in said and "draft-mtp" in said
+    assert not any(x.startswith("The target") for x in answer.section([row], {}))  # a plan from before: nothing
