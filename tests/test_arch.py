@@ -196,3 +196,19 @@ def test_the_plan_records_the_facts_and_the_report_shows_them(files):
     said = next(x for x in lines if x.startswith(f"The target {name}: {words}."))  # one paragraph
     assert "more experts" in said and "draft-mtp" in said
     assert not any(x.startswith("The target") for x in answer.section([row], {}))  # a plan from before: nothing
+
+
+def test_bench_picks_no_draft_the_loop_cannot_run(files, tmp_path, monkeypatch):
+    """`bench --target PATH` without --draft (bench/autodraft.py) passes over a recurrent or hybrid candidate, or a
+    head, however it ranks: the refusal above would stop the run it planned."""
+    from harness.bench import autodraft
+
+    def cand(k: str, rank: int) -> dict:
+        return {"path": str(files[k]), "ref": str(files[k]), "rank": rank, "size_ratio": 0.1, "plausibly_faster": True,
+                "llama_cpp": {"ok": True, "clause": None}, "harness": {"ok": True, "verdict": "ALIGNED"},
+                "arch": facts(files, k)}
+    found = [cand("hybrid", 1), cand("eagle3", 2), cand("recurrent", 3), cand("dense", 4)]
+    monkeypatch.setattr(autodraft, "survey", lambda *a, **k: {"candidates": found})
+    target = write_tiny_model(tmp_path / "t.gguf")
+    drafts, _ = autodraft.pick([str(target)], roots=[])
+    assert drafts[0] == str(files["dense"]) and str(files["hybrid"]) not in drafts

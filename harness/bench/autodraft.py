@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness.models.arch import refusal
 from harness.models.drafts import FASTER_RATIO, default_roots, survey
 
 MODELS = 2  # draft models picked at most
@@ -47,8 +48,9 @@ def pick(targets: list[str], roots: list[Path] | None = None) -> tuple[list[str]
     where = roots if roots is not None else list(dict.fromkeys([p.parent for p in paths] + default_roots()))
     real = {os.path.realpath(p) for p in paths}
     surveys = [survey(p, m.name, where, align=check_pair) for m, p in zip(models, paths)]
-    usable = [{os.path.realpath(c["path"]): c for c in s["candidates"] if c["rank"] is not None and c["harness"]["ok"]}
-              for s in surveys]
+    # a recurrent or hybrid draft, or an EAGLE-3 or DFlash head, the harness's loop cannot run (models.arch)
+    usable = [{os.path.realpath(c["path"]): c for c in s["candidates"] if c["rank"] is not None and c["harness"]["ok"]
+               and refusal("", c["arch"]) is None} for s in surveys]
     compatible = [c for c in surveys[0]["candidates"] if os.path.realpath(c["path"]) not in real
                   and all(os.path.realpath(c["path"]) in u for u in usable)]
     faster = [c for c in compatible if all(u[os.path.realpath(c["path"])]["plausibly_faster"] for u in usable)]
