@@ -69,7 +69,8 @@ def test_given_drafts_or_a_profile_are_left_alone(folder, capsys):
     assert with_drafts(None, {"target": target, "draft": None, "budget_min": 3.0}, [folder / "none"])["budget_min"] == 3
 
 
-@pytest.mark.slow  # about a minute on the 2-core VM alone (4 configurations, one 4-token prompt, and the reports)
+@pytest.mark.slow  # 4 configurations, one 4-token prompt, the reports: estimated 1.2 min on the 2-core VM alone;
+# 8 min there under other processes' load, which measures its busy units again
 def test_bench_with_one_path_picks_the_q2k_beside_it(tmp_path, smol, smol_q2k):
     """The user types one command with one path: SmolLM2 in a folder of its own beside its Q2_K."""
     d = tmp_path / "models"
@@ -77,8 +78,9 @@ def test_bench_with_one_path_picks_the_q2k_beside_it(tmp_path, smol, smol_q2k):
     for m in (smol, smol_q2k):
         (d / m.name).symlink_to(m)
     target = d / smol.name
+    # --allow-busy: what is checked is the picking and a finished run, not its timings
     r = harness("bench", "--target", target, "--categories", "code", "--per-category", "1", "--max-tokens", "4",
-                "--out", tmp_path / "out")
+                "--out", tmp_path / "out", "--allow-busy")
     assert r.returncode == 0, r.stderr
     assert f"No --draft: picked for {smol.stem}" in r.stderr and "unlikely to gain" in r.stderr
     assert "budget: 20 minutes" in r.stderr
