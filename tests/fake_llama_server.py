@@ -12,6 +12,9 @@ wrapper script the test writes, given as --llama-server), and told what to do by
   plain), as an n-gram type does on text that never repeats.
 - FAKE_SERVER_COUNTER and FAKE_SERVER_LIMIT: requests counted across servers in that file; the one past the limit
   kills the server before it answers (a server that dies mid-run).
+- FAKE_SERVER_LACKS: a comma list of flags that `--help` leaves out of llama.cpp 0.3.36's (tests/data's list),
+  as an older build would.
+- FAKE_SERVER_DIVERGE: a speculating server's output token ids differ from the plain one's from this position.
 
 Timings: plain predicted_ms = (n - 1) * (2 + n_prompt % 7); the speculative server's rate is the plain one's times
 speedup * factor(n_prompt), factor = 1 + 0.02 * (n_prompt % 5 - 2), so each prompt's pair has a known ratio.
@@ -84,9 +87,13 @@ class Handler(BaseHTTPRequestHandler):
                 f.write(json.dumps({"role": "speculative" if SPEC else "plain", "argv": ARGV, "body": body}) + "\n")
         count()
         n_prompt, n = len(body["prompt"]), body["n_predict"]
+        tokens = list(range(n))
+        if SPEC and os.environ.get("FAKE_SERVER_DIVERGE"):
+            at = int(os.environ["FAKE_SERVER_DIVERGE"])
+            tokens = tokens[:at] + [t + 1000 for t in tokens[at:]]
         if os.environ.get("FAKE_SERVER_MODE") == "notimings":
-            return self._send(200, {"content": "x", "tokens": list(range(n)), "stop_type": "limit"})
-        self._send(200, {"content": "x", "tokens": list(range(n)), "stop_type": "limit",
+            return self._send(200, {"content": "x", "tokens": tokens, "stop_type": "limit"})
+        self._send(200, {"content": "x", "tokens": tokens, "stop_type": "limit",
                          "timings": reported(n_prompt, n)})
 
     def log_message(self, *args):
@@ -96,6 +103,11 @@ class Handler(BaseHTTPRequestHandler):
 def main():
     if "--version" in ARGV:
         print("version: 4242 (fake0000)\nbuilt with a test", file=sys.stderr)
+        return
+    if "--help" in ARGV:
+        lacks = set(os.environ.get("FAKE_SERVER_LACKS", "").split(","))
+        flags = open(os.path.join(os.path.dirname(__file__), "data", "llama_cpp_0.3.36_flags.txt")).read().split("\n")
+        print("\n".join(f.split("\t")[0] for f in flags if f and f.split("\t")[0] not in lacks))
         return
     mode = os.environ.get("FAKE_SERVER_MODE", "ok")
     if mode == "exit":

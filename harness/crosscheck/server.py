@@ -57,10 +57,12 @@ def last_line(path: Path) -> str:
 
 class Server:
     """llama-server with `args` on 127.0.0.1:`port`, its output in `log`. `role` names it in messages
-    ("plain", "speculative")."""
+    ("plain", "speculative"); on_spawn(pid) is told its pid as soon as it runs (bench's CPU meter counts it as the
+    unit's own from its model load on)."""
 
-    def __init__(self, binary: Path, args: list[str], port: int, log: Path, role: str):
+    def __init__(self, binary: Path, args: list[str], port: int, log: Path, role: str, on_spawn=None):
         self.binary, self.args, self.port, self.log, self.role = binary, args, port, log, role
+        self.on_spawn = on_spawn
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -77,6 +79,8 @@ class Server:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, preexec_fn=_die_with_parent)
+        if self.on_spawn:
+            self.on_spawn(self.proc.pid)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             rc = self.proc.poll()

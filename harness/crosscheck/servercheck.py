@@ -182,10 +182,12 @@ def body(tokens: list[int], max_tokens: int, c: Command) -> dict:
     return out if c.temp is not None else out | {"temperature": 0.0}
 
 
-def measure(binary: Path, c: Command, prompts: list, log_dir: Path, start_timeout: float,
-            request_timeout: float) -> list[dict]:
+def measure(binary: Path, c: Command, prompts: list, log_dir: Path, start_timeout: float, request_timeout: float,
+            extra: list[dict] | None = None, on_start=None, on_prompt=None, roles: dict = ROLES) -> list[dict]:
     """Per prompt, your command's and the plain twin's timings, each from a server started for that request and
-    stopped after it; your command first on the 1st, 3rd, … prompt, the plain twin first on the others."""
+    stopped after it; your command first on the 1st, 3rd, … prompt, the plain twin first on the others.
+    extra: per prompt, further fields of both its requests (harness bench's seed); on_start(pid): told each
+    server's pid as it starts; on_prompt(record): told each prompt's pair as it finishes (default: a line)."""
     from harness.crosscheck.run import ask
     out = []
     for k, (pid, tokens, mt) in enumerate(prompts):
@@ -193,17 +195,21 @@ def measure(binary: Path, c: Command, prompts: list, log_dir: Path, start_timeou
         order = ("speculative", "plain") if k % 2 == 0 else ("plain", "speculative")
         for key in order:
             srv = Server(binary, c.spec if key == "speculative" else c.plain, free_port(),
-                         log_dir / f"{k + 1:02d}-{pid}-{key}.log", ROLES[key])
+                         log_dir / f"{k + 1:02d}-{pid}-{key}.log", roles[key], on_spawn=on_start)
             try:
                 srv.start(start_timeout)
-                rec[key] = ask(srv, pid, body(tokens, mt, c), request_timeout)
+                rec[key] = ask(srv, pid, body(tokens, mt, c) | (extra[k] if extra else {}), request_timeout)
             finally:
                 srv.stop()
-        s = rec["speculative"]
-        click.echo(f"server-check: {pid}: yours {tok_s([rec], 'speculative'):.1f} tok/s (drafted {s['draft_n']}, "
-                   f"accepted {s['draft_n_accepted']}), plain {tok_s([rec], 'plain'):.1f} tok/s", err=True)
+        (on_prompt or _say)(rec)
         out.append(rec)
     return out
+
+
+def _say(rec: dict) -> None:
+    s = rec["speculative"]
+    click.echo(f"server-check: {rec['id']}: yours {tok_s([rec], 'speculative'):.1f} tok/s (drafted {s['draft_n']}, "
+               f"accepted {s['draft_n_accepted']}), plain {tok_s([rec], 'plain'):.1f} tok/s", err=True)
 
 
 def tok_s(prompts: list[dict], key: str) -> float:
