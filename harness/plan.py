@@ -24,7 +24,8 @@ LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl
              "flash_attn", "ubatch", "parallel", "kv_unified")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset",
-               "min_gain", "prompt_cache", "also")
+               "min_gain", "prompt_cache", "also", "engine", "llama_server")
+ENGINES = ("harness", "server")  # who generates: the harness's own loop, or llama-server (harness.bench.serverunit)
 
 
 def profiles_file() -> Path:
@@ -73,6 +74,8 @@ class Params:
     min_gain: float = MIN_GAIN  # the least gain worth having over plain decoding
     prompt_cache: bool = False  # each model evaluates each prompt once a run; later uses restore its KV state
     also: list = field(default_factory=list)  # further sweeps: dicts of list keys replacing this one's
+    engine: str = "harness"  # ENGINES
+    llama_server: str = ""  # with engine server: the llama-server to run ("": make native's, binary.find)
 
     def __post_init__(self):
         # the one place drafts and gammas are read: every Params holds them typed
@@ -113,7 +116,7 @@ def load_profile(name: str, path: Path | None = None) -> dict:
 SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
                 "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int,
-                "min_gain": (int, float), "prompt_cache": bool, "also": list}
+                "min_gain": (int, float), "prompt_cache": bool, "also": list, "engine": str, "llama_server": str}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:
@@ -138,6 +141,11 @@ def make_params(profile: dict, overrides: dict) -> Params:
             setattr(p, k, v)
     if not p.target:
         raise HarnessError("no target: give --target or a --profile")
+    if p.engine == "server":  # llama-server's figures are per request: a plain twin beside each is the reference
+        if False in (profile.get("paired"), overrides.get("paired")):
+            raise HarnessError("--engine server runs each speculative request beside its plain twin (ABBA): leave "
+                               "out --no-paired")
+        p.paired = True
     # a list given on the command line replaces the profile's, in its further sweeps too: those that set it go
     given = {k for k, v in overrides.items() if v is not None and k in LIST_KEYS}
     p.also = [a for a in p.also if not (isinstance(a, dict) and set(a) & given)]
@@ -197,6 +205,7 @@ def check(p: Params) -> None:
         raise HarnessError(f"--ubatch values must be >= 1, got {min(p.ubatch)}")
     check_parallel(p)
     _check_own_gamma(p)
+    _check_engine(p)
     if not 0 < p.busy_threshold <= 1:
         raise HarnessError(f"--busy-threshold must be in (0, 1] (a share of all cores), got {p.busy_threshold:g}")
 
@@ -235,6 +244,29 @@ def _check_own_gamma(p: Params) -> None:
         if d.own_gamma + 1 > N_BATCH:
             raise HarnessError(f"{d} drafts up to {d.own_gamma} tokens, verified in one batch of {N_BATCH} with the "
                                f"last: give it at most {N_BATCH - 1}")
+
+
+def _check_engine(p: Params) -> None:
+    """--engine server runs what llama-server has: its own types, fixed draft lengths, one request at a time, its
+    own verification; what it lacks is refused in one line."""
+    if p.engine not in ENGINES:
+        raise HarnessError(f"--engine {p.engine}: give harness (the harness's own loop) or server (llama-server)")
+    if p.engine != "server":
+        if p.llama_server:
+            raise HarnessError("--llama-server names the binary --engine server runs: give --engine server with it")
+        return
+    for d in p.draft:
+        if d.ngram:
+            raise HarnessError(f"--engine server: {d} is the harness's own prompt lookup, which llama-server lacks; "
+                               f"its closest type is ngram-simple:size-n={d.ngram}:size-m=GAMMA")
+    for what, bad in (("adaptive gamma (auto)", any(g.adaptive for g in p.gamma)), ("--replay", p.replay),
+                      ("--calibrate", p.calibrate), ("--prompt-cache", p.prompt_cache),
+                      (f"--parallel {max(p.parallel)}", max(p.parallel) > 1),
+                      (f"--verify {','.join(p.verify)}", p.verify != ["leviathan"]),
+                      (f"--kv-unified {','.join(p.kv_unified)}", p.kv_unified != ["off"])):
+        if bad:
+            raise HarnessError(f"--engine server does not take {what}: llama-server runs fixed draft lengths, one "
+                               "request at a time, verified its own way; sweep it with --engine harness")
 
 
 def check_parallel(p: Params) -> None:

@@ -17,13 +17,13 @@ from harness.rundir import finished, record_noise, unit_id
 Unit = tuple[Instance, int, list]  # a configuration, a round, its prompts
 
 
-def asked_share(inst: Instance) -> float | None:
+def asked_share(inst: Instance, server: bool = False) -> float | None:
     """The share of the machine's cores a unit's worker asks for; None with offload, where the GPU works while
-    the CPU waits."""
+    the CPU waits, and in llama-server (server), whose model loads between requests use fewer cores."""
     import psutil
 
     from harness.engine import EngineConfig
-    if inst.ngl or inst.ngl_draft:
+    if inst.ngl or inst.ngl_draft or server:
         return None
     return min(1.0, EngineConfig(threads=inst.threads).resolved_threads() / (psutil.cpu_count() or 1))
 
@@ -31,15 +31,18 @@ def asked_share(inst: Instance) -> float | None:
 def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights, noise_to: Path | None = None) -> None:
     """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
     from harness.bench.progress import Progress, timed_watch
+    from harness.bench.serverunit import run_server_unit
     from harness.bench.worker import run_in_worker
     for k, (inst, r, prompts) in enumerate(units, 1):
         what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
             f" ({inst.setup})" if inst.setup else "")
         title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {inst.policy.label}"
         watch = timed_watch(run_dir, unit_id(inst.id, r), params.paired and not inst.baseline)
-        with noise.Sampler(params.busy_threshold, asked_share(inst)) as sampler, \
+        with noise.Sampler(params.busy_threshold, asked_share(inst, params.engine == "server")) as sampler, \
                 Progress(title, len(prompts) * params.repeat, watch, weights=weights.unit(inst, prompts)):
-            res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch)
+            res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch) \
+                if params.engine != "server" else run_server_unit(inst, r, prompts, params, run_dir,
+                                                                  on_start=sampler.meter.watch)
         rec = sampler.summary()
         label = f"drift/{inst.id}" if noise_to else unit_id(inst.id, r)  # the drift check feeds no verdict
         record_noise(noise_to or run_dir, {"unit": label, "config": None if noise_to else inst.id, "round": r} | rec)

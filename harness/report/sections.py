@@ -272,7 +272,18 @@ def verdict_rules(plan: dict) -> list[str]:
             "against " + ("plain decoding run beside it, prompt by prompt" if params.get("paired")
                           else "the category's plain baseline")
             + "; [a, b] is the 95% interval from a bootstrap over the category's prompts and their steps."
-            + sequential, ""]
+            + sequential + (_server_engine(plan) if params.get("engine") == "server" else ""), ""]
+
+
+def _server_engine(plan: dict) -> str:
+    """How a run with --engine server measured (bench.serverunit)."""
+    binary = plan.get("params", {}).get("llama_server") or "make native's"
+    return (f" Measured in llama-server ({binary}): every speculative request and its plain twin (--spec-type none) "
+            "each on a server started for it, one server at a time, the twin first on every second prompt (ABBA), "
+            "so drift favours neither; cache_prompt false, -np 1; speeds are the servers' own timings (predicted_n "
+            "- 1 tokens over predicted_ms), acceptance their draft_n_accepted over draft_n. The servers report no "
+            "steps: alpha, mean accepted length and per-step costs are not known, and a greedy output that differs "
+            "from its plain twin's is counted unchecked.")
 
 
 def _why(r: dict) -> str:

@@ -145,7 +145,8 @@ def measured(run_dir: Path, cfg: pl.DataFrame, units: set[str]) -> dict | None:
         sweep = sweep.join(end, on=BASE_KEYS, how="left").with_columns(
             (pl.col("base_end_tokens_per_s") / pl.col("base_tokens_per_s")).alias("drift"))
     spec = steps.filter(pl.col("proposed") > 0)
-    if len(spec):
+    server = "server_totals" in steps.columns  # llama-server's requests: one step of totals each (serverunit)
+    if len(spec) and not server:
         for extra in (_compact(metrics.per_position(spec, keys), "pos", "accept_prob", ".2f"),
                       _compact(metrics.rejection_histogram(spec, keys), "rejected_at", "steps", "d"),
                       _compact(metrics.by_confidence(spec, keys), "target_conf", "accept_prob", ".2f")):
@@ -158,8 +159,16 @@ def measured(run_dir: Path, cfg: pl.DataFrame, units: set[str]) -> dict | None:
     floor = metrics.timing_floor(steps.filter(pl.col("config").is_in(single)) if len(steps) else steps, p_steps)
     sweep = sweep.join(row_intervals(steps, gens, p_steps, p_gens, cfg, metrics.pace_spread(floor)), on=keys,
                        how="left")
+    if server:  # what only the steps could say stays unknown
+        sweep = sweep.with_columns(pl.lit(None, sweep.schema[c]).alias(c) for c in PER_STEP if c in sweep.columns)
     return {"sweep": sweep, "records": records, "p_records": p_records, "gens": gens, "p_gens": p_gens,
             "timing_floor": floor}
+
+
+PER_STEP = ("target_calls", "verify_steps", "tokens_per_call", "tokens_per_call_rse", "alpha", "alpha_lo", "alpha_hi",
+            "alpha_se", "mean_accepted_len", "mean_accepted_len_lo", "mean_accepted_len_hi", "mean_accepted_len_se",
+            "draft_ms", "verify_ms", "overhead_ms", "draft_ms_per_step", "verify_ms_per_call", "overhead_ms_per_call",
+            "step_ms", "break_even_rate")
 
 
 def run_verdicts(run_dir: Path, plan: dict, results: dict[str, dict], cfg: pl.DataFrame, sweep: pl.DataFrame,

@@ -1,0 +1,164 @@
+"""`harness bench --engine server`: one unit of the sweep (a configuration over a round of prompts) measured in
+llama-server instead of the harness's own loop, written as the same traces, so that the report's intervals,
+verdicts and output checks come out of the same analysis.
+
+- The flags are those the report's "how to run it" gives (report.howto: llama.cpp's names for every type and
+  setting); the plain reference is the same command with its --spec-* flags dropped and `--spec-type none`.
+- A baseline configuration runs on one server, started for the unit and stopped after it. A speculative one runs
+  as `harness server-check` does (crosscheck.servercheck.measure): every request and its plain twin each on a
+  server started for it, one server at a time, the twin first on every second prompt (ABBA), so drift favours
+  neither and no server is ever warm with an earlier prompt. Requests send `cache_prompt: false`, `-np 1`,
+  n_predict = the max tokens, the policy's sampling (temperature 0 when greedy) and a seed per repeat.
+- Per request the trace keeps the server's own figures (predicted_n, predicted_ms, prompt_n, prompt_ms, draft_n,
+  draft_n_accepted, the output token ids) as a generation record and one step record holding the request's totals
+  (`server_totals`): the server reports no steps, so figures per step (mean accepted length, alpha, per-position
+  acceptance) are left unknown by the report. Speeds count as llama-server's predicted_per_second does: predicted_n
+  - 1 tokens over predicted_ms (the first token comes from the prompt's logits, timed in prompt_ms).
+- Greedy speculative outputs are compared token for token with their plain twins'; a divergence is recorded for
+  the report's output check as unchecked (the server does not say which verification block held the position, so
+  harness.divergence's replay of the two paths cannot be made).
+- Anything that stops the unit (a flag this binary lacks, a server that exits at start, dies, never answers or
+  answers without timings) is one line in the unit's error row; the sweep goes on with the next unit."""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from harness.crosscheck import binary as binary_mod
+from harness.crosscheck.checks import model_file, server_args, tokenize
+from harness.crosscheck.server import Server, free_port
+from harness.crosscheck.servercheck import Command, body, measure
+from harness.divergence import first_divergence
+from harness.errors import HarnessError
+from harness.instance import Instance
+from harness.plan import Params
+from harness.rundir import PAIRED_DIR, finished, trace_path, unit_id
+
+START_TIMEOUT_S = 300.0
+REQUEST_TIMEOUT_S = 600.0
+ROLES = {"speculative": "speculative", "plain": "plain"}
+LOGS_DIR = "server_logs"
+
+
+@functools.lru_cache(maxsize=8)
+def known_flags(binary: Path) -> frozenset[str]:
+    """Every flag `llama-server --help` names."""
+    try:
+        r = subprocess.run([str(binary), "--help"], capture_output=True, text=True, errors="replace",
+                           stdin=subprocess.DEVNULL, timeout=binary_mod.VERSION_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HarnessError(f"{binary} --help failed ({e}): is it llama.cpp's llama-server?") from None
+    return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", r.stdout + r.stderr))
+
+
+def lacking(args: list[str], known: frozenset[str]) -> list[str]:
+    """The flags among args that the binary does not know (negative numbers are values, not flags)."""
+    return [a for a in args if re.match(r"--?[A-Za-z]", a) and a not in known]
+
+
+def command(inst: Instance, params: Params) -> Command:
+    """The configuration's llama-server flags (report.howto's) and the plain twin's, as server-check runs them."""
+    from harness.report.howto import howto
+    spec, plain = server_args(howto(inst, params.n_ctx).server)
+    plain = [*plain, "--spec-type", "none"]
+    pol = inst.policy
+    return Command(None, plain if inst.baseline else spec, plain, target=inst.target,
+                   temp=None if pol.greedy else f"{pol.temperature:g}")
+
+
+def run_server_unit(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path,
+                    on_start=None) -> dict:
+    """Measure the unit in llama-server and record its result row (ok, or the one line that stopped it)."""
+    from harness.bench.worker import record_attempt
+    attempt = os.urandom(6).hex()
+    record_attempt(attempt, inst, round_, run_dir, lambda: _measure(inst, round_, prompts, params, run_dir, on_start),
+                   engine="server")
+    return finished(run_dir)[unit_id(inst.id, round_)]
+
+
+def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path, on_start) -> dict:
+    from harness.loop import check_fits
+    from harness.trace import TraceWriter, discard
+    t0 = time.perf_counter()
+    binary = binary_mod.find(params.llama_server or None)
+    version = binary_mod.version(binary)
+    c = command(inst, params)
+    missing = lacking(c.spec + c.plain, known_flags(binary))
+    if missing:
+        raise HarnessError(f"{binary} has no {', '.join(dict.fromkeys(missing))} (its --help does not list it): "
+                           "give --llama-server a newer llama-server, or leave this configuration out")
+    unit = unit_id(inst.id, round_)
+    toks = {pid: (t, mt) for pid, t, mt in tokenize(model_file(inst.target), prompts, params.max_tokens)}
+    for t, mt in toks.values():
+        check_fits(len(t), mt, inst.draft.own_gamma or inst.gamma, params.n_ctx)
+    requests = [(pr, rep) for rep in range(params.repeat) for pr in prompts]
+    modes = {"baseline": trace_path(run_dir, unit)} if inst.baseline else {
+        "speculative": trace_path(run_dir, unit), "baseline": trace_path(run_dir / PAIRED_DIR, unit)}
+    traces = {}
+    for mode, f in modes.items():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        discard(f)  # a rerun replaces a partial trace
+        traces[mode] = TraceWriter(f, config=inst.id, mode=mode)
+    log_dir = run_dir / LOGS_DIR / unit
+    seeds = [{} if inst.policy.greedy else {"seed": inst.policy.seed + rep} for _, rep in requests]
+    done = iter(requests)
+
+    def write(rec: dict) -> None:
+        pr, rep = next(done)
+        for role, mode in (("speculative", "speculative"), ("plain", "baseline")):
+            if role in rec and mode in traces:
+                for r in records(rec[role], pr, rep, mode):
+                    traces[mode].write(r)
+        if inst.policy.greedy and "speculative" in rec:
+            at = first_divergence(rec["speculative"]["tokens"] or [], rec["plain"]["tokens"] or [])
+            if at is not None:
+                traces["speculative"].write({"type": "divergence", "prompt_id": pr.id, "repeat": rep,
+                                             "diverged_at": at, "kind": "unchecked",
+                                             "why": "llama-server reports no verification blocks to replay"})
+    try:
+        listed = [(pr.id, *toks[pr.id]) for pr, _ in requests]
+        if inst.baseline:
+            plain_unit(binary, c, listed, log_dir / "plain.log", seeds, on_start, write)
+        else:
+            measure(binary, c, listed, log_dir, START_TIMEOUT_S, REQUEST_TIMEOUT_S, seeds, on_start, write, ROLES)
+    finally:
+        for tw in traces.values():
+            tw.close()
+    return {"status": "ok", "wall_s": time.perf_counter() - t0, "llama_server": str(binary),
+            "llama_server_version": version, "server_command": c.spec, "plain_command": c.plain}
+
+
+def plain_unit(binary: Path, c: Command, listed: list, log: Path, seeds: list[dict], on_start, write) -> None:
+    """A baseline configuration: every request on one plain server, started for the unit."""
+    from harness.crosscheck.run import ask
+    srv = Server(binary, c.plain, free_port(), log, ROLES["plain"], on_spawn=on_start)
+    try:
+        srv.start(START_TIMEOUT_S)
+        for (pid, tokens, mt), extra in zip(listed, seeds):
+            write({"id": pid, "plain": ask(srv, pid, body(tokens, mt, c) | extra, REQUEST_TIMEOUT_S)})
+    finally:
+        srv.stop()
+
+
+def records(r: dict, pr, rep: int, mode: str) -> list[dict]:
+    """One request's trace records: its totals as one step (what the analysis sums acceptance and time over), then
+    its generation with the server's own figures."""
+    n, ms = r["predicted_n"], r["predicted_ms"]
+    decoded = max(n - 1, 0)  # the first token is the prompt's, in prompt_ms
+    common = {"category": pr.category, "prompt_id": pr.id, "repeat": rep}
+    step = common | {"type": "step", "step": 0, "server_totals": True, "proposed": r["draft_n"] or 0,
+                     "accepted": r["draft_n_accepted"] or 0, "emitted": decoded, "rejected_at": None,
+                     "alpha": [], "target_conf": [], "draft_ms": 0.0, "verify_ms": ms, "overhead_ms": 0.0}
+    prompt_ms = r.get("prompt_ms")
+    gen = common | {"type": "generation", "mode": mode, "prompt_tokens": r.get("prompt_n"), "n_tokens": decoded,
+                    "output_tokens": n, "tokens": r["tokens"], "stop": r.get("stop_type"), "steps": 1,
+                    "prompt_cached": False, "prompt_eval_ms": prompt_ms, "draft_prefill_ms": 0.0, "gen_ms": ms,
+                    "latency_ms": None if prompt_ms is None else prompt_ms + ms,
+                    "tokens_per_s": decoded / ms * 1e3 if ms > 0 else 0.0,
+                    "server": {k: r.get(k) for k in ("predicted_n", "predicted_ms", "prompt_n", "prompt_ms",
+                                                     "draft_n", "draft_n_accepted")}}
+    return [step, gen]

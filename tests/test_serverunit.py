@@ -1,0 +1,179 @@
+"""harness bench --engine server (harness.bench.serverunit): the flags each configuration runs with, the plan's
+refusals, one unit against the fake llama-server (restarts, deaths, missing timings, flags the binary lacks,
+divergent outputs), and (slow tier) a whole bench run against the fake and one against the real llama-server."""
+import json
+import os
+
+import pytest
+
+from harness.bench import serverunit
+from harness.errors import HarnessError
+from harness.plan import expand, first_round, make_params
+from harness.rundir import PAIRED_DIR, finished, trace_path
+from harness.trace import read_records
+from tests.conftest import PROMPT_FILE, D, T
+
+
+def server_params(fake, draft="ngram-mod", **more):
+    return make_params({}, {"target": T, "draft": f"none,{draft}", "gamma": "2", "prompts": str(PROMPT_FILE),
+                            "categories": "code", "per_category": 2, "max_tokens": 6, "engine": "server",
+                            "llama_server": str(fake)} | more)
+
+
+def run_unit(tmp_path, params, baseline=False, on_start=None):
+    inst = next(i for i in expand(params) if i.baseline == baseline)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    return inst, run_dir, serverunit.run_server_unit(inst, 0, first_round(params), params, run_dir, on_start)
+
+
+def test_command_maps_types_to_llama_cpp_flags(smol, smol_q2k, fake):
+    p = server_params(fake, draft=f"{D},ngram-mod:n-max=8:n-min=2")
+    insts = {str(i.draft): i for i in expand(p)}
+    c = serverunit.command(insts[D], p)
+    spec = " ".join(c.spec)
+    assert "--spec-type draft-simple --spec-draft-model" in spec and "--spec-draft-n-max 2" in spec
+    assert "--spec-draft-p-min 0" in spec and "-np 1" in spec and c.temp is None
+    assert c.plain[-2:] == ["--spec-type", "none"] and not any(a.startswith("--spec-draft") for a in c.plain)
+    mod = " ".join(serverunit.command(insts["ngram-mod:n-max=8:n-min=2"], p).spec)
+    assert "--spec-type ngram-mod --spec-ngram-mod-n-match 24 --spec-ngram-mod-n-max 8 --spec-ngram-mod-n-min 2" in mod
+    base = serverunit.command(insts["none"], p)
+    assert base.spec == base.plain
+
+
+def test_lacking_flags():
+    known = frozenset({"-m", "--spec-type", "-np"})
+    assert serverunit.lacking(["-m", "x.gguf", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "8", "-np",
+                               "1", "--temp", "-1"], known) == ["--spec-ngram-mod-n-max", "--temp"]
+
+
+@pytest.mark.parametrize("draft, more, said", [
+    ("ngram:2", {}, "ngram:2 is the harness's own prompt lookup"),
+    ("ngram-mod", {"paired": False}, "leave out --no-paired"),
+    (D, {"replay": True}, "does not take --replay"),
+    ("ngram-mod", {"gamma": "auto"}, "does not take adaptive gamma"),
+    ("ngram-mod", {"engine": "vllm"}, "--engine vllm: give harness"),
+])
+def test_plan_refuses_what_llama_server_lacks(fake, draft, more, said):
+    with pytest.raises(HarnessError, match=said):
+        server_params(fake, draft=draft, **more)
+
+
+def test_engine_server_is_paired_and_recorded(fake):
+    p = server_params(fake)
+    assert p.paired and p.to_dict()["engine"] == "server"
+    with pytest.raises(HarnessError, match="--llama-server names the binary"):
+        make_params({}, {"target": T, "llama_server": str(fake)})
+
+
+def test_speculative_unit_abba_one_server_per_request(tmp_path, smol, fake, monkeypatch):
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
+    pids = []  # each server as it starts, for the CPU meter
+    inst, run_dir, row = run_unit(tmp_path, server_params(fake), on_start=pids.append)
+    assert row["status"] == "ok", row
+    assert len(set(pids)) == 4
+    assert row["server_command"][row["server_command"].index("--spec-type") + 1] == "ngram-mod"
+    reqs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["role"] for r in reqs] == ["speculative", "plain", "plain", "speculative"]  # ABBA
+    assert all(r["body"]["cache_prompt"] is False and r["body"]["n_predict"] == 6 and r["body"]["temperature"] == 0
+               for r in reqs)
+    assert len(list((run_dir / serverunit.LOGS_DIR / inst.id).glob("*.log"))) == 4  # a server per request
+    spec = read_records(trace_path(run_dir, inst.id))
+    gens = [r for r in spec if r["type"] == "generation"]
+    steps = [r for r in spec if r["type"] == "step"]
+    assert [g["mode"] for g in gens] == ["speculative"] * 2 and all(s["server_totals"] for s in steps)
+    g, s = gens[0], steps[0]
+    # the fake drafts 10 + n_prompt % 3 and accepts 6 + n_prompt % 2
+    assert s["proposed"] == 10 + g["server"]["prompt_n"] % 3 and s["accepted"] == 6 + g["server"]["prompt_n"] % 2
+    assert g["n_tokens"] == 5 and g["output_tokens"] == 6 and g["tokens"] == list(range(6))
+    assert g["tokens_per_s"] == pytest.approx(5 / g["server"]["predicted_ms"] * 1e3)
+    twins = [r for r in read_records(trace_path(run_dir / PAIRED_DIR, inst.id)) if r["type"] == "generation"]
+    assert [t["mode"] for t in twins] == ["baseline"] * 2 and twins[0]["server"]["draft_n"] == 0
+
+
+def test_baseline_unit_runs_on_one_server(tmp_path, smol, fake):
+    inst, run_dir, row = run_unit(tmp_path, server_params(fake), baseline=True)
+    assert row["status"] == "ok", row
+    assert [p.name for p in (run_dir / serverunit.LOGS_DIR / inst.id).iterdir()] == ["plain.log"]
+    assert len([r for r in read_records(trace_path(run_dir, inst.id)) if r["type"] == "generation"]) == 2
+
+
+def test_greedy_divergence_is_recorded_unchecked(tmp_path, smol, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_SERVER_DIVERGE", "2")
+    inst, run_dir, row = run_unit(tmp_path, server_params(fake))
+    div = [r for r in read_records(trace_path(run_dir, inst.id)) if r["type"] == "divergence"]
+    assert [(d["diverged_at"], d["kind"]) for d in div] == [(2, "unchecked")] * 2
+
+
+def test_sampled_requests_carry_the_policy(tmp_path, smol, fake, monkeypatch):
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
+    _, _, row = run_unit(tmp_path, server_params(fake, temp="0.8", top_p="0.9", seed=5))
+    assert row["status"] == "ok", row
+    reqs = [json.loads(x) for x in log.read_text().splitlines()]
+    argv = reqs[0]["argv"]
+    assert argv[argv.index("--temp") + 1] == "0.8" and argv[argv.index("--top-p") + 1] == "0.9"
+    assert {r["body"]["seed"] for r in reqs} == {5} and all("temperature" not in r["body"] for r in reqs)
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"FAKE_SERVER_MODE": "exit"}, "exited with code 3 before it was ready"),
+    ({"FAKE_SERVER_MODE": "notimings"}, "without timings"),
+    ({"FAKE_SERVER_COUNTER": "{tmp}/n", "FAKE_SERVER_LIMIT": "1"}, "died (exit code"),
+    ({"FAKE_SERVER_MODE": "silent"}, "did not answer /health"),
+    ({"FAKE_SERVER_LACKS": "--spec-ngram-mod-n-match"}, "has no --spec-ngram-mod-n-match"),
+])
+def test_failures_are_one_line_error_rows(tmp_path, smol, fake, monkeypatch, env, said):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v.format(tmp=tmp_path))
+    monkeypatch.setattr(serverunit, "START_TIMEOUT_S", 2.0)
+    _, _, row = run_unit(tmp_path, server_params(fake))
+    assert row["status"] == "error" and said in row["error"] and "\n" not in row["error"], row
+
+
+def test_missing_binary_is_one_line(tmp_path, smol):
+    _, _, row = run_unit(tmp_path, server_params(tmp_path / "nowhere" / "llama-server"))
+    assert row["status"] == "error" and "no such file" in row["error"]
+
+
+@pytest.mark.slow  # about 100 s on the 2-core VM: a whole bench run (probes, three units, the drift check)
+def test_bench_engine_server_end_to_end(tmp_path, smol, smol_q2k, fake, monkeypatch):
+    """A failing configuration (a flag the binary lacks) leaves an error row; the rest of the sweep is reported
+    with intervals, verdicts and the output check."""
+    from tests.helpers import harness, only_run
+    monkeypatch.setenv("FAKE_SERVER_LACKS", "--spec-ngram-mod-n-match")
+    r = harness("bench", "--engine", "server", "--llama-server", fake, "--target", T, "--draft",
+                f"none,{D},ngram-mod", "--gamma", "2", "--prompts", PROMPT_FILE, "--categories", "code",
+                "--per-category", "2", "--max-tokens", "6", "--out", tmp_path / "out", "--allow-busy")
+    assert r.returncode == 0, r.stderr
+    assert "has no --spec-ngram-mod-n-match" in r.stderr
+    run = only_run(tmp_path / "out")
+    rows = finished(run).values()  # the last row of each unit (one busy may have run again)
+    assert sorted(x["status"] for x in rows) == ["error", "ok", "ok"]
+    md = next((tmp_path / "out").glob("*.md")).read_text()
+    assert "Measured in llama-server" in md and "ABBA" in md
+    assert "1.5" in md  # the fake's speedup, about 1.5x, in the verdict table
+
+
+@pytest.mark.slow  # about 4 min on the 2-core VM (busy): a bench run, real llama-server starts, SmolLM2, 2 prompts
+def test_bench_engine_server_real_llama_server(tmp_path, smol, smol_q2k):
+    from harness.crosscheck.binary import native_candidates
+    from tests.helpers import harness, only_run
+    binary = next((b for b in native_candidates() if b.is_file() and os.access(b, os.X_OK)), None)
+    if binary is None:
+        pytest.skip("needs `make native`'s llama-server")
+    r = harness("bench", "--engine", "server", "--llama-server", binary, "--target", T, "--draft",
+                f"none,{D},ngram-mod", "--gamma", "3", "--prompts", PROMPT_FILE, "--categories", "code",
+                "--per-category", "2", "--max-tokens", "8", "--threads", "2", "--out", tmp_path / "out",
+                "--allow-busy")
+    assert r.returncode == 0, r.stderr
+    run = only_run(tmp_path / "out")
+    rows = {x["draft"]: x for x in finished(run).values()}
+    assert {d: x["status"] for d, x in rows.items()} == {"none": "ok", D: "ok", "ngram-mod": "ok"}, rows
+    spec = read_records(trace_path(run, rows[D]["config"]))
+    assert sum(s["proposed"] for s in spec if s["type"] == "step") > 0  # draft-simple drafted
+    plain = {g["prompt_id"]: g["tokens"] for g in read_records(trace_path(run / PAIRED_DIR, rows[D]["config"]))
+             if g["type"] == "generation"}
+    for g in (g for g in spec if g["type"] == "generation"):
+        assert len(g["tokens"]) == 8 and len(plain[g["prompt_id"]]) == 8  # outputs kept; equality is the report's
