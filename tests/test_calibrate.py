@@ -126,6 +126,18 @@ def test_costs_measured_in_the_worker(engines):
     assert target.n_past == 0 and draft.n_past == 0  # both left empty for the generations
 
 
+@pytest.mark.slow  # 9-24 s on the 2-core VM under other processes' load (its blocks run to 49 tokens)
+def test_a_long_blocks_costs_are_timed_at_a_few_sizes(engines):
+    """An n-gram type's blocks of up to 49 tokens (n-max 48; this fixture's batch holds 64): 11 sizes timed, every
+    k read."""
+    from harness.calibrate import block_sizes, in_situ
+    target, _ = engines
+    rec = in_situ(target, None, requests(target)[0].tokens, k_max=49, contexts=(80,), reps=1)
+    assert rec["ks"] == block_sizes(49) and len(rec["target_times_by_context"][0]) == 11
+    (ms,) = rec["target_ms_by_context"]
+    assert len(ms) == 49 and all(v > 0 for v in ms) and target.n_past == 0
+
+
 def test_costs_start_from_the_prompts_cached_state(engines, tmp_path):
     """calibrate.in_situ with the run's prompt cache: each context starts from the longest prompt that fits, as
     the loop evaluates it (all but its last token), which the generation then restores."""
