@@ -69,8 +69,8 @@ def pick(targets: list[str], roots: list[Path] | None = None, unfit: str | None 
                      f"{c['harness']['verdict']}")
     if not chosen:
         found = sum(len(s["candidates"]) for s in surveys)
-        lines.append(f"  no draft model: none of the {found} GGUFs in {folders} passes the harness's alignment check, "
-                     "so the model-free proposers only")
+        lines.append(f"  no draft model: none of the {found} GGUFs in {folders} passes the harness's alignment check "
+                     "and runs in its loop, so the model-free proposers only")
     lines += [f"  {LOOKUP}: the harness's prompt lookup (model-free)",
               f"  {LLAMA_TYPE}: llama.cpp's ngram-mod (model-free), its n-max cut from 64 to 16 for a CPU" +
               (f": left out, as {unfit} does not take llama.cpp's n-gram types yet" if unfit else "")]
