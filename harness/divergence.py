@@ -36,7 +36,6 @@ def _decode(engine, tokens: list[int], others: int) -> np.ndarray:
     rows = [(0, engine.n_past + i, t, True) for i, t in enumerate(tokens)]
     rows += [(seq, i, t, False) for seq in range(1, others + 1) for i, t in enumerate(tokens)]
     logits = engine.decode_rows(rows)
-    engine.n_past += len(tokens)
     for seq in range(1, others + 1):
         engine.seq_trim(seq, 0)
     return logits

@@ -134,7 +134,6 @@ class Engine:
         self.mem = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(cfg.n_batch, 0, 1)
         self.load_ms = (time.perf_counter() - t0) * 1000
-        self.n_past = 0
 
     def _require_flash_attn(self, cp) -> None:
         """llama.cpp runs "on" as asked even where the device lacks the kernel (the op then falls back to the
@@ -152,6 +151,11 @@ class Engine:
                                f"{self.path.name} (its auto mode turns it off, and on would run it on the CPU): use "
                                "--flash-attn auto or off")
 
+    @property
+    def n_past(self) -> int:
+        """Sequence 0's positions in the KV cache, where decode() appends: llama.cpp's count, no bookkeeping."""
+        return self._ll.llama_memory_seq_pos_max(self.mem, 0) + 1
+
     # -- decoding -------------------------------------------------------------------------------------------
     def decode(self, tokens: list[int], logits: str = "last") -> np.ndarray | None:
         """Append tokens at n_past. logits: 'last', 'all' or 'none'. Returns a [rows, n_vocab] float32 view
@@ -165,10 +169,10 @@ class Engine:
         for start in range(0, n, self.cfg.n_batch):
             chunk = tokens[start:start + self.cfg.n_batch]
             last_chunk = start + len(chunk) == n
-            b = self.batch
+            b, at = self.batch, self.n_past
             for i, tok in enumerate(chunk):
                 b.token[i] = tok
-                b.pos[i] = self.n_past + i
+                b.pos[i] = at + i
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = 0
                 want = logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
@@ -176,8 +180,7 @@ class Engine:
             b.n_tokens = len(chunk)
             rc = self._ll.llama_decode(self.ctx, b)
             if rc != 0:
-                raise HarnessError(f"llama_decode failed with code {rc} at position {self.n_past}")
-            self.n_past += len(chunk)
+                raise HarnessError(f"llama_decode failed with code {rc} at position {at}")
             rows = len(chunk) if logits == "all" else (1 if logits == "last" and last_chunk else 0)
         if logits == "none" or rows == 0:
             return None
@@ -205,23 +208,25 @@ class Engine:
             return None
         return np.ctypeslib.as_array(self._ll.llama_get_logits(self.ctx), shape=(wanted, self.n_vocab))
 
+    def prefill(self, tokens: list[int], seq: int = 0) -> None:
+        """tokens into sequence seq from position 0 (which the caller has emptied), no logits, n_batch at a time."""
+        nb = self.cfg.n_batch
+        for i in range(0, len(tokens), nb):
+            self.decode_rows([(seq, i + j, t, False) for j, t in enumerate(tokens[i:i + nb])])
+
     def seq_trim(self, seq: int, n_keep: int) -> None:
-        """Forget sequence seq's positions >= n_keep."""
+        """Forget sequence seq's positions >= n_keep (KV rollback after a rejection)."""
         if not self._ll.llama_memory_seq_rm(self.mem, seq, n_keep, -1):
             raise HarnessError("llama.cpp could not roll the KV cache back (this model's memory type "
                                "does not support partial removal)")
 
     def trim(self, n_keep: int) -> None:
-        """Forget every position >= n_keep (KV rollback after a rejection)."""
+        """Forget every position >= n_keep of sequence 0."""
         if n_keep < self.n_past:
-            if not self._ll.llama_memory_seq_rm(self.mem, 0, n_keep, -1):
-                raise HarnessError("llama.cpp could not roll the KV cache back (this model's memory type "
-                                   "does not support partial removal)")
-            self.n_past = n_keep
+            self.seq_trim(0, n_keep)
 
     def reset(self) -> None:
         self._ll.llama_memory_clear(self.mem, True)
-        self.n_past = 0
 
     # -- facts ----------------------------------------------------------------------------------------------
     def perf(self) -> dict:

@@ -63,7 +63,6 @@ class LlamaNgramProposer:
 
     def __init__(self, spec: LlamaNgram):
         self.name = str(spec)
-        self.rng = np.random.default_rng(0)  # the loop sets it; nothing is drawn
         self.prompt_len = 0
         self.pending = False  # the last proposal was not empty: its acceptance goes to accept()
 

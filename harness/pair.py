@@ -9,7 +9,7 @@ from harness.engine import Engine, EngineConfig
 from harness.llamacpp import require_offload
 from harness.models.catalog import Model, require_present, resolve
 from harness.promptcache import PromptCache
-from harness.proposers import DraftModelProposer, NgramProposer
+from harness.proposers import DraftModelProposer, EachSequence, NgramProposer
 from harness.specs import DraftSpec, LlamaNgram
 
 
@@ -49,9 +49,9 @@ def open_pair(target_ref: str, draft: DraftSpec, cfg: EngineConfig, draft_cfg: E
     target = Engine(tm.path, cfg)
     pair = Pair(tm, target, draft_model=dm, alignment=alignment, prompt_cache=prompt_cache)
     if ngram is not None:
-        pair.proposer = NgramProposer(ngram)
+        pair.proposer = EachSequence(lambda: NgramProposer(ngram))
     elif isinstance(draft, LlamaNgram):  # llama.cpp's n-gram types, ported
-        pair.proposer = llamangram.proposer(draft)
+        pair.proposer = EachSequence(lambda: llamangram.proposer(draft))
     elif dm is not None:
         try:
             pair.draft_engine = Engine(dm.path, draft_cfg)

@@ -49,24 +49,24 @@ class PromptCache:
         h.update(np.asarray(tokens, dtype="<i4").tobytes())
         return self.dir / f"{h.hexdigest()[:40]}.kv"
 
-    def evaluate(self, engine, tokens: list[int]) -> bool:
-        """tokens into the engine's empty sequence 0: restored where a file holds them, else decoded (no logits)
-        and saved. True when restored."""
+    def evaluate(self, engine, tokens: list[int], seq: int = 0) -> bool:
+        """tokens into the engine's empty sequence seq: restored where a file holds them, else decoded (no logits)
+        and saved. True when restored. A file holds one sequence's state, restored into any."""
         path = self.path(engine, tokens)
         if path.exists():
-            if self._load(engine, tokens, path):
+            if self._load(engine, tokens, path, seq):
                 self.restored += 1
                 return True
             self.rejected += 1
-            engine.reset()  # whatever a failed load left
-        engine.decode(tokens, logits="none")
+            engine.seq_trim(seq, 0)  # whatever a failed load left
+        engine.prefill(tokens, seq)
         self.evaluated += 1
         t = time.perf_counter()
-        self._save(engine, tokens, path)
+        self._save(engine, tokens, path, seq)
         self.save_ms += (time.perf_counter() - t) * 1e3
         return False
 
-    def _load(self, engine, tokens: list[int], path: Path) -> bool:
+    def _load(self, engine, tokens: list[int], path: Path, seq: int) -> bool:
         ll = llama()
         try:
             data = bytearray(path.stat().st_size)
@@ -85,19 +85,18 @@ class PromptCache:
             return False
         size = len(data) - start
         state = (ctypes.c_uint8 * size).from_buffer(data, start)
-        if not ll.llama_state_seq_set_data(engine.ctx, state, size, 0) or \
-                ll.llama_memory_seq_pos_max(engine.mem, 0) != n - 1:
+        if not ll.llama_state_seq_set_data(engine.ctx, state, size, seq) or \
+                ll.llama_memory_seq_pos_max(engine.mem, seq) != n - 1:
             return False
-        engine.n_past = n
         return True
 
-    def _save(self, engine, tokens: list[int], path: Path) -> None:
+    def _save(self, engine, tokens: list[int], path: Path, seq: int) -> None:
         """Written under a temporary name, then renamed: a concurrent or interrupted writer leaves no half file
         under the real one (and the digest catches one that a crash of the machine left)."""
         ll = llama()
-        size = ll.llama_state_seq_get_size(engine.ctx, 0)
+        size = ll.llama_state_seq_get_size(engine.ctx, seq)
         state = (ctypes.c_uint8 * size)()
-        if ll.llama_state_seq_get_data(engine.ctx, state, size, 0) != size:
+        if ll.llama_state_seq_get_data(engine.ctx, state, size, seq) != size:
             self.unsaved += 1
             return
         body = [len(tokens).to_bytes(4, "little"), np.asarray(tokens, dtype="<i4").tobytes(), memoryview(state)]
@@ -119,13 +118,13 @@ class PromptCache:
         return self.restored, self.save_ms
 
 
-def evaluate_prompt(engine, tokens: list[int], cache: PromptCache | None = None) -> bool:
-    """tokens into the engine's empty sequence 0 (after reset()), no logits: through the cache where there is
-    one. True when restored."""
+def evaluate_prompt(engine, tokens: list[int], cache: PromptCache | None = None, seq: int = 0) -> bool:
+    """tokens into the engine's empty sequence seq, no logits: through the cache where there is one. True when
+    restored."""
     if cache is None or not tokens:
-        engine.decode(tokens, logits="none")
+        engine.prefill(tokens, seq)
         return False
-    return cache.evaluate(engine, tokens)
+    return cache.evaluate(engine, tokens, seq)
 
 
 def timed(cache: PromptCache | None, work) -> float | None:

@@ -1,10 +1,11 @@
-"""Proposers: who guesses the next tokens. Two methods, as in HF's candidate generators:
-propose(context, n) and accepted(context, n_accepted) to keep the proposer's state in sync. What a draft is and how
-it is checked (Drafting, Proposal) is harness.drafting's."""
+"""Proposers: who guesses the next tokens. A sequence's proposer has two methods, as in HF's candidate generators:
+propose(context, n) and accepted(context, n_accepted) to keep its state in sync; the loop drives a SlotProposer,
+the same over the sequences of a batch (a draft model drafting for all of them in one decode per position). What a
+draft is and how it is checked (Drafting, Proposal) is harness.drafting's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -19,14 +20,65 @@ P_MIN_TOP_K = 10  # llama.cpp's draft sampler keeps the top 10: p-min tests the 
 
 
 class Proposer(Protocol):
+    """A proposer of one sequence: a lookup, llama.cpp's n-gram types (llamangram), a test's script. The loop runs
+    one per slot (EachSequence)."""
     name: str
-    rng: np.random.Generator  # set by the loop for each generation (loop.streams); a lookup draws nothing
 
     def prefill(self, prompt: list[int], policy: Policy) -> None: ...
 
     def propose(self, context: list[int], n: int) -> Proposal: ...
 
     def accepted(self, context: list[int], n_accepted: int) -> None: ...
+
+
+class SlotProposer:
+    """What the loop drives: a proposer over the sequences of a batch (loop.Seq: its `seq`, context `ctx` and
+    draft stream `draft_rng`), one sequence being a batch of one."""
+    name = "proposer"
+
+    def reset(self) -> None:
+        """A new batch: every sequence's state goes."""
+
+    def start(self, s, policy: Policy) -> None:
+        """Sequence s begins its generation: s.ctx is its prompt."""
+
+    def draft(self, seqs: list, gammas: list[int]) -> list[Proposal]:
+        """Up to gammas[i] drafts for seqs[i] (none where 0)."""
+        raise NotImplementedError
+
+    def accepted(self, s, n_accepted: int) -> None:
+        """After verification: s.ctx holds the accepted drafts and the target's token."""
+
+    def ended(self, s, n_accepted: int) -> None:
+        """The step that ended s's generation at an end-of-generation token accepted n_accepted drafts."""
+
+
+class EachSequence(SlotProposer):
+    """Sequence-level Proposers, one per slot from `make`, each with its own state as llama-server's slots have
+    theirs; a slot's state outlives its request, as a server's does (llamangram)."""
+
+    def __init__(self, make: Callable[[], Proposer]):
+        self.make = make
+        self.one: dict[int, Proposer] = {0: make()}
+        self.name = self.one[0].name
+
+    def _of(self, s) -> Proposer:
+        if s.seq not in self.one:
+            self.one[s.seq] = self.make()
+        return self.one[s.seq]
+
+    def start(self, s, policy: Policy) -> None:
+        self._of(s).prefill(s.ctx, policy)
+
+    def draft(self, seqs: list, gammas: list[int]) -> list[Proposal]:
+        return [self._of(s).propose(s.ctx, g) if g > 0 else Proposal() for s, g in zip(seqs, gammas)]
+
+    def accepted(self, s, n_accepted: int) -> None:
+        self._of(s).accepted(s.ctx, n_accepted)
+
+    def ended(self, s, n_accepted: int) -> None:
+        if hasattr(self._of(s), "ended"):  # llama-server reports an ending step's acceptance too (llamangram)
+            self._of(s).ended(n_accepted)
 
 
 def draft_pick(row: np.ndarray, policy: Policy, d: Drafting, rng: np.random.Generator) -> tuple[int, Dist] | None:
@@ -43,8 +95,8 @@ def draft_pick(row: np.ndarray, policy: Policy, d: Drafting, rng: np.random.Gene
 
 @dataclass
 class DraftKV:
-    """A draft model's cache of one sequence, for the single-sequence proposer and the batched draft alike: it holds
-    the sequence's context up to `past`, then proposals but the last."""
+    """A draft model's cache of one sequence: it holds the sequence's context up to `past`, then proposals but the
+    last."""
     past: int = 0
 
     def catch_up(self, context: list[int]) -> list[int]:
@@ -75,37 +127,52 @@ class DraftKV:
         return self.past
 
 
-class DraftModelProposer:
-    """A smaller model with the same tokenizer, sampling from its own processed distribution q. cache: the run's
-    prompt cache, through which it evaluates each prompt."""
+class DraftModelProposer(SlotProposer):
+    """A smaller model with the same tokenizer, sampling from its own processed distribution q, over the batch's
+    sequences in its own context: each draft position one decode for every sequence still drafting. cache: the
+    run's prompt cache, through which it evaluates each prompt."""
 
     def __init__(self, engine: Engine, name: str = "draft", drafting: Drafting = Drafting(),
                  cache: PromptCache | None = None):
-        self.engine = engine
-        self.name = name
-        self.drafting = drafting
-        self.cache = cache
+        self.engine, self.name, self.drafting, self.cache = engine, name, drafting, cache
         self.policy = Policy()
-        self.rng = np.random.default_rng(0)
-        self.kv = DraftKV()
+        self.kv: dict[int, DraftKV] = {}  # per sequence
 
-    def prefill(self, prompt: list[int], policy: Policy) -> None:
-        """Start a generation: take its policy, evaluate the prompt (all but its last token)."""
-        self.policy = policy
+    def reset(self) -> None:
         self.engine.reset()
-        evaluate_prompt(self.engine, prompt[:-1], self.cache)
-        self.kv = DraftKV(self.engine.n_past)
+        self.kv = {}
 
-    def propose(self, context: list[int], n: int) -> Proposal:
-        """Up to n >= 1 drafts."""
-        logits = self.engine.decode(self.kv.catch_up(context), logits="last")
-        out = Proposal()
-        while self.kv.pick(out, logits[0], self.policy, self.drafting, self.rng, n):
-            logits = self.engine.decode(out.tokens[-1:], logits="last")
-        return self.drafting.kept(out)
+    def start(self, s, policy: Policy) -> None:
+        """Take the policy, evaluate s's prompt (all but its last token) into the draft's sequence s.seq."""
+        self.policy = policy
+        self.engine.seq_trim(s.seq, 0)
+        evaluate_prompt(self.engine, s.ctx[:-1], self.cache, s.seq)
+        self.kv[s.seq] = DraftKV(len(s.ctx) - 1)
 
-    def accepted(self, context: list[int], n_accepted: int) -> None:
-        self.engine.trim(self.kv.accepted(context))
+    def draft(self, seqs: list, gammas: list[int]) -> list[Proposal]:
+        out = [Proposal() for _ in seqs]
+        live = [i for i, g in enumerate(gammas) if g > 0]
+        rows = []
+        for i in live:
+            kv = self.kv[seqs[i].seq]
+            at = kv.past
+            behind = kv.catch_up(seqs[i].ctx)
+            rows += [(seqs[i].seq, at + j, t, j == len(behind) - 1) for j, t in enumerate(behind)]
+        logits = self.engine.decode_rows(rows) if rows else None
+        while live:
+            nxt, feed = [], []
+            for r, i in enumerate(live):
+                s = seqs[i]
+                kv = self.kv[s.seq]
+                if kv.pick(out[i], logits[r], self.policy, self.drafting, s.draft_rng, gammas[i]):
+                    nxt.append(i)
+                    feed.append((s.seq, kv.past - 1, out[i].tokens[-1], True))
+            live = nxt
+            logits = self.engine.decode_rows(feed) if feed else None
+        return [self.drafting.kept(p) for p in out]
+
+    def accepted(self, s, n_accepted: int) -> None:
+        self.engine.seq_trim(s.seq, self.kv[s.seq].accepted(s.ctx))
 
 
 class NgramProposer:

@@ -40,6 +40,17 @@ def smol_q2k() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smol_slots(smol, smol_q2k):
+    """SmolLM2 and its Q2_K as target and draft, over three sequences of 256 positions each."""
+    from harness.engine import Engine, EngineConfig
+    cfg = EngineConfig(n_ctx=3 * 256, n_seq=3, threads=2)
+    t, d = Engine(smol, cfg), Engine(smol_q2k, cfg)
+    yield t, d
+    t.close()
+    d.close()
+
+
+@pytest.fixture(scope="session")
 def tiny_set(tmp_path_factory):
     from tests.tiny_gguf import make_fixture_set
     return make_fixture_set(tmp_path_factory.mktemp("tiny"))

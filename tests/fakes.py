@@ -56,6 +56,22 @@ class FakeEngine:
     def trim(self, n):
         del self.ctx[n:]
 
+    # the loop's batch API, over sequence 0 alone
+    def prefill(self, tokens, seq=0):
+        self.seq_trim(seq, 0)
+        self.decode(tokens, logits="none")
+
+    def seq_trim(self, seq, n):
+        assert seq == 0, "a fake of one sequence"
+        self.trim(n)
+
+    def decode_rows(self, rows):
+        """Rows of sequence 0 at consecutive positions from its end: decode()'s block, the wanted rows kept."""
+        assert all(seq == 0 for seq, *_ in rows) and [r[1] for r in rows] == list(range(len(self.ctx),
+                                                                                          len(self.ctx) + len(rows)))
+        out = self.decode([r[2] for r in rows], logits="all")
+        return out[[i for i, r in enumerate(rows) if r[3]]]
+
 
 def logits_row(weights: dict[int, float]) -> np.ndarray:
     """Logits whose softmax is weights (normalised) on their ids, every other id -inf."""
@@ -83,6 +99,7 @@ class LogitsEngine(FakeEngine):
 
 class ScriptedProposer:
     """Proposes tokens[pos:pos + n] at output position pos."""
+    name = "script"
 
     def __init__(self, prompt_len, tokens):
         self.prompt_len, self.tokens = prompt_len, tokens

@@ -240,7 +240,7 @@ def leftovers(models: Path) -> list[str]:
     return sorted(p.name for p in models.iterdir()) if models.exists() else []
 
 
-# -- a batched sampling model (loop.streams across slots, concurrency.loop)
+# -- a batched sampling model (loop.streams across slots)
 
 class BatchedLogits:
     """A sampling model over sequences (LogitsEngine's, batched): a sequence whose prompt starts with token t has
@@ -261,6 +261,9 @@ class BatchedLogits:
 
     def seq_trim(self, seq, n):
         pass
+
+    def prefill(self, tokens, seq=0):
+        self.decode_rows([(seq, i, t, False) for i, t in enumerate(tokens)])
 
     def perf_reset(self):
         pass

@@ -1,5 +1,6 @@
-"""The speculative loop on real llama.cpp models: lossless greedy output, coherent traces, KV rollback; on
-scripted models, the random streams per generation and lossless sampling through generate() (below)."""
+"""The loop on real llama.cpp models: lossless greedy output, coherent traces, KV rollback, N requests through N
+slots against each decoded alone; on scripted models, the random streams per generation and per request in any
+slot, lossless sampling through generate() (below), one slot's records against a single generation's."""
 from dataclasses import replace
 
 import numpy as np
@@ -9,12 +10,11 @@ from scipy.stats import chisquare
 import harness.loop as loop
 import harness.verify as verify_mod
 from harness.analysis import metrics
-from harness.concurrency.loop import BatchedDraft, generate_concurrent
 from harness.divergence import blocks, kernel_check
 from harness.drafting import Drafting
 from harness.engine import Engine, EngineConfig
 from harness.errors import HarnessError
-from harness.loop import Request, check_fits, generate, streams
+from harness.loop import Request, check_fits, generate, generate_concurrent, streams
 from harness.proposers import DraftModelProposer, NgramProposer
 from harness.sampling import Policy
 from harness.trace import TraceWriter
@@ -269,7 +269,7 @@ def test_a_request_keeps_its_streams_in_another_slot():
     draft = BatchedLogits(3, {10: [{5: 1}] * rows, 11: [{9: 1}] * rows, 12: [{9: 1}] * rows})
     reqs = [Request(x, [t, 1, 2], n) for x, t, n in (("a", 10, 6), ("b", 11, 4), ("c", 12, N))]
     out = {}
-    for mode, proposer in (("baseline", None), ("speculative", BatchedDraft(draft, Drafting("exact")))):
+    for mode, proposer in (("baseline", None), ("speculative", DraftModelProposer(draft, drafting=Drafting("exact")))):
         tw = TraceWriter(None, keep=True)
         generate_concurrent(target, reqs, POLICY, 2, proposer, 3, tw, mode, rule="exact")
         out[mode] = {r["prompt_id"]: r for r in tw.records if r["type"] == "generation"}
@@ -362,3 +362,105 @@ def test_a_broken_verifier_fails_through_generate(rule, mutant, monkeypatch):
                             always_accept if mutant == "always_accept" else coin)
     counts, _ = emitted(rule)
     assert min(pvalues(counts)) < FAIL
+
+
+# -- N sequences in one context (generate_concurrent)
+TEXTS = ["The capital of France is", "def fib(n):\n    return", "Once upon a time", "List three colors:",
+         "1, 2, 3, 4,"]
+
+
+def batch_requests(vocab, max_tokens=20):
+    return [Request(str(i), vocab.tokenize(x), max_tokens, "c") for i, x in enumerate(TEXTS)]
+
+
+def run_batch(target, reqs, policy, n, proposer, gamma):
+    tw = TraceWriter(None, keep=True)
+    batch = generate_concurrent(target, reqs, policy, n, proposer, gamma, tw)
+    return batch, tw.records
+
+
+# 10 s each on the Xeon VM: 3 slots (refilled, uneven) in the fast tier, 1 and 2 in the slow
+@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3])
+def test_batched_greedy_outputs_equal_each_request_decoded_alone(smol_slots, n):
+    """Five requests through n slots (finished ones refilled): plain, a batched draft and a lookup all give each
+    request its own plain greedy output."""
+    target, draft = smol_slots
+    reqs = batch_requests(target.vocab)
+    alone = {r.prompt_id: generate(target, r, Policy())["tokens"] for r in reqs}
+    for proposer in (None, DraftModelProposer(draft, drafting=Drafting()), NgramProposer(2)):
+        batch, recs = run_batch(target, reqs, Policy(), n, proposer, 3)
+        gens = [r for r in recs if r["type"] == "generation"]
+        assert {g["prompt_id"]: g["tokens"] for g in gens} == alone
+        assert batch["requests"] == 5 and batch["tokens"] == sum(len(t) for t in alone.values())
+        steps = [r for r in recs if r["type"] == "step"]
+        assert max(s["active"] for s in steps) == n and all(s["batch"] <= n * 4 for s in steps)
+        for g in gens:  # each request's steps add up to its output
+            mine = [s for s in steps if s["prompt_id"] == g["prompt_id"]]
+            assert sum(s["emitted"] for s in mine) == g["n_tokens"] and len(mine) == g["steps"]
+            assert g["gen_ms"] <= g["latency_ms"]
+    spec = [r for r in run_batch(target, reqs, Policy(), n, DraftModelProposer(draft, drafting=Drafting()), 3)[1]
+            if r["type"] == "step"]
+    assert sum(s["accepted"] for s in spec) > 0 and all(s["proposed"] <= 3 for s in spec)
+
+
+def test_batched_sampling_draws_each_request_from_its_own_streams(smol_slots):
+    """Under sampling the verifier runs per sequence with the request's own seeds: a request's output does not
+    depend on which others share the batch (n = 1 against n = 3, with the draft's p-min and n-min in play)."""
+    target, draft = smol_slots
+    reqs = batch_requests(target.vocab, 16)
+    pol = Policy(temperature=0.7, top_p=0.9, seed=3)
+    outs = []
+    for n in (1, 3):
+        _, recs = run_batch(target, reqs, pol, n, DraftModelProposer(draft, drafting=Drafting(p_min=0.2, n_min=2)), 3)
+        steps = [r for r in recs if r["type"] == "step"]
+        assert all(s["proposed"] == 0 or s["proposed"] >= 2 for s in steps)  # n-min drops shorter drafts
+        outs.append({r["prompt_id"]: r["tokens"] for r in recs if r["type"] == "generation"})
+    assert outs[0] == outs[1]
+
+
+def test_a_divergence_in_a_batched_run_is_replayed_in_batches_of_the_same_sequences(smol_slots):
+    """The kernel check replays each step beside as many filler sequences as shared it: equal outputs need no
+    check, and a token the target does not choose either way is still a mismatch."""
+    target, draft = smol_slots
+    reqs = batch_requests(target.vocab)
+    _, spec = run_batch(target, reqs, Policy(), 3, DraftModelProposer(draft, drafting=Drafting()), 3)
+    _, plain = run_batch(target, reqs, Policy(), 3, None, 0)
+    mine = [r for r in spec if r.get("prompt_id") == "1"]
+    steps = blocks(mine)
+    assert max(s[2] for s in steps) == 2  # two other sequences shared its steps
+    out = mine[-1]["tokens"]
+    others = [r["active"] - 1 for r in plain if r.get("prompt_id") == "1" and r["type"] == "step"]
+    assert kernel_check(target, reqs[1].tokens, out, steps, out, others) is None
+    forged = out[:2] + [(out[2] + 1) % target.n_vocab] + out[3:]
+    found = kernel_check(target, reqs[1].tokens, forged, steps, out, others)
+    assert found["kind"] == "mismatch" and found["diverged_at"] == 2 and found["plain_argmax"] == out[2]
+
+
+# -- A single generation is a batch of one: generate() writes generate_concurrent's one-slot step records, less
+# the fields that place a step in a batch.
+SLOT_PROMPT, SLOT_N = [10, 1, 2], 9
+SLOT_TARGET = [{1: 3, 2: 1}, {2: 1, 3: 1}, {4: 1}, {1: 1, 5: 2}, {3: 1}, {2: 1, 6: 1}] * 3
+SLOT_DRAFT = [{1: 1}, {2: 1, 3: 2}, {4: 1}, {5: 1}, {3: 1, 2: 1}, {6: 1}] * 3
+TIMES = ("draft_ms", "verify_ms", "overhead_ms")
+
+
+def steps(records) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMES} for r in records if r["type"] == "step"]
+
+
+@pytest.mark.parametrize("policy", [Policy(), Policy(temperature=1.0, seed=5)])
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_a_single_generation_is_a_batch_of_one(policy, gamma):
+    req = Request("p", SLOT_PROMPT, SLOT_N)
+    seq_tw, batch_tw = TraceWriter(None, keep=True), TraceWriter(None, keep=True)
+    prop = DraftModelProposer(LogitsEngine(len(SLOT_PROMPT), SLOT_DRAFT)) if gamma else None
+    mode = "speculative" if gamma else "baseline"
+    gen = generate(LogitsEngine(len(SLOT_PROMPT), SLOT_TARGET), req, policy, prop, gamma, seq_tw, mode)
+    draft = DraftModelProposer(BatchedLogits(len(SLOT_PROMPT), {10: SLOT_DRAFT})) if gamma else None
+    target = BatchedLogits(len(SLOT_PROMPT), {10: SLOT_TARGET})
+    generate_concurrent(target, [req], policy, 1, draft, gamma, batch_tw, mode)
+    batched = [{k: v for k, v in r.items() if k not in ("batch_step", "seq", "active", "batch", "prompt_id",
+                                                          "category")} for r in steps(batch_tw.records)]
+    assert batched == steps(seq_tw.records)
+    assert next(r for r in batch_tw.records if r["type"] == "generation")["tokens"] == gen["tokens"]
+    assert len(gen["tokens"]) == SLOT_N and (not gamma or "d" in gen["from_draft"])

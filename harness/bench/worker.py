@@ -128,9 +128,8 @@ def run_sequential(inst: Instance, pair, requests: list, files: dict, repeat: in
 def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, check: bool, plain_ref: dict) -> None:
     """inst.parallel requests at a time, each category's apart (a batch holds one workload); with a paired twin,
     the category's plain batch beside its speculative one, alternating which goes first."""
-    from harness.concurrency.loop import BatchedDraft, generate_concurrent
+    from harness.loop import generate_concurrent
     from harness.trace import TraceWriter
-    proposer = BatchedDraft(pair.draft_engine, inst.drafting) if pair.draft_engine else pair.proposer
     by_cat: dict[str, list] = {}
     for r in requests:
         by_cat.setdefault(r.category, []).append(r)
@@ -145,7 +144,7 @@ def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, 
                 traces[mode] = tw = TraceWriter(files[mode], keep=check, config=inst.id, mode=mode, category=cat,
                                                 repeat=rep)
                 spec = mode == "speculative"
-                generate_concurrent(pair.target, reqs, pol, inst.parallel, proposer if spec else None,
+                generate_concurrent(pair.target, reqs, pol, inst.parallel, pair.proposer if spec else None,
                                     inst.gamma if spec else 0, tw, mode, inst.verify)
             if check:
                 for req in reqs:
