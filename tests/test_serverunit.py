@@ -73,6 +73,7 @@ def test_speculative_unit_abba_one_server_per_request(tmp_path, smol, fake, monk
     inst, run_dir, row = run_unit(tmp_path, server_params(fake), on_start=pids.append)
     assert row["status"] == "ok", row
     assert len(set(pids)) == 4
+    assert row["target_bytes"] == smol.stat().st_size and row["draft_bytes"] == 0 and row["kv_bytes"] is None
     assert row["server_command"][row["server_command"].index("--spec-type") + 1] == "ngram-mod"
     reqs = [json.loads(x) for x in log.read_text().splitlines()]
     assert [r["role"] for r in reqs] == ["speculative", "plain", "plain", "speculative"]  # ABBA
@@ -154,6 +155,8 @@ def test_bench_engine_server_end_to_end(tmp_path, smol, smol_q2k, fake, monkeypa
     md = next((tmp_path / "out").glob("*.md")).read_text()
     assert "Measured in llama-server" in md and "ABBA" in md
     assert "1.5" in md  # the fake's speedup, about 1.5x, in the verdict table
+    check = harness("report", run, "--check")
+    assert check.returncode == 0, check.stderr  # every figure recomputed from the traces, every row as bench writes
 
 
 @pytest.mark.slow  # about 4 min on the 2-core VM (busy): a bench run, real llama-server starts, SmolLM2, 2 prompts

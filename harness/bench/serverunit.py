@@ -128,8 +128,12 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
     finally:
         for tw in traces.values():
             tw.close()
+    draft = inst.draft.model
+    # the KV cache is the server's, unknown here; peak_rss_bytes (record_attempt's) is the harness's process
     return {"status": "ok", "wall_s": time.perf_counter() - t0, "llama_server": str(binary),
-            "llama_server_version": version, "server_command": c.spec, "plain_command": c.plain}
+            "llama_server_version": version, "server_command": c.spec, "plain_command": c.plain, "kv_bytes": None,
+            "target_bytes": model_file(inst.target).stat().st_size,
+            "draft_bytes": model_file(draft).stat().st_size if draft else 0}
 
 
 def plain_unit(binary: Path, c: Command, listed: list, log: Path, seeds: list[dict], on_start, write) -> None:
