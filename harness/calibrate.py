@@ -243,16 +243,12 @@ def costs_at(cal_dir: Path, target: str, draft: str | None, threads: int, ngl: i
              context: float, overhead_ms_per_row: float = 0.0):
     """costmodel.Costs from the calibrations in cal_dir at `context` cached tokens; draft None is a proposer
     without a model (n-gram). None when a needed calibration is missing."""
-    from harness.costmodel import Costs, at_context
+    from harness.costmodel import calibrated
     t = load(target, threads, ngl, cal_dir)
     d = load(draft, threads, ngl_draft, cal_dir) if draft else None
     if t is None or (draft and d is None):
         return None
-    # a draft decodes with the last row's logits only; calibrations from before that was measured have all
-    curve = at_context(d["contexts"], d["ms_last_by_context" if "ms_last_by_context" in d else "ms_by_context"],
-                       context) if d else []
-    return Costs(at_context(t["contexts"], t["ms_by_context"], context), curve[0] if curve else 0.0,
-                 overhead_ms_per_row, draft_curve=tuple(curve))
+    return calibrated(t, d).costs(context, overhead_ms_per_row)
 
 
 def table_rows(cal: dict) -> list[list]:

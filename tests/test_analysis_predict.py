@@ -8,7 +8,8 @@ import polars as pl
 import pytest
 
 from harness.analysis.intervals import interval
-from harness.analysis.predict import costs_at, generation, plain_decode_ms, predictions
+from harness.analysis.predict import generation, plain_decode_ms, predictions
+from harness.costmodel import read
 from tests.conftest import D
 from tests.fakes import EOS
 
@@ -40,7 +41,7 @@ def test_the_plain_twin_takes_the_measured_plain_time():
     plain = plain_decode_ms(gens)
     assert plain == {("b", "code"): pytest.approx(P)}
     recs = records()
-    g, _ = generation(recs[0], recs[1], 1, costs_at(recs[2], 100, plain[("b", "code")]), exact=True)
+    g, _ = generation(recs[0], recs[1], 1, read(recs[2]).costs(100).levelled(plain[("b", "code")]), exact=True)
     assert g.plain[:, 3].sum() == pytest.approx((N + 1) * P)
     # zero acceptance: N + 1 steps of one rejected draft each (the last one meets the end), N tokens either way
     assert row(predictions(recs, plain, 1))["speedup"] == pytest.approx(P / STEP)
@@ -76,7 +77,7 @@ def test_llamacpps_rule_under_sampling_is_predicted_from_its_matches():
 
 
 def test_a_timed_configurations_own_costs_replace_the_replays():
-    from harness.analysis.predict import with_unit_costs
+    from harness.costmodel import with_unit_costs
     rec = {"type": "costs", "config": "b", "proposer": D, "contexts": [20, 900], "reps": 6, "overhead_ms": 0.3,
            "target_ms_by_context": [[1, 2], [3, 4]], "target_sd_by_context": [[0.1, 0.1], [0.1, 0.1]],
            "target_times_by_context": [[[1], [2]], [[3], [4]]], "draft_ms_by_context": [[0.5, 0.7], [0.6, 0.8]],

@@ -3,8 +3,7 @@ convention in the model, the replay and the controller; a calibration read at an
 import numpy as np
 import pytest
 
-from harness.analysis.replay import Step, step_ms
-from harness.costmodel import AdaptiveGamma, Costs, best_gamma, expected_tokens, predicted_speedup
+from harness.costmodel import AdaptiveGamma, Costs, Step, best_gamma, expected_tokens, predicted_speedup, price
 from harness.errors import HarnessError
 
 
@@ -281,10 +280,10 @@ def test_a_step_of_k_rows_costs_k_rows_overhead_in_the_model_and_the_replay(gamm
     assert CURVE.overhead(rows) == pytest.approx(rows * OH)
     assert CURVE.step_ms(gamma) - FREE.step_ms(gamma) == pytest.approx(rows * OH)
     for s in (Step(gamma, 0, 1, gamma > 0), Step(gamma, gamma, gamma + 1)):
-        assert step_ms(s, CURVE) - step_ms(s, FREE) == pytest.approx(rows * OH)
+        assert price(s, CURVE) - price(s, FREE) == pytest.approx(rows * OH)
     # a step rejected at its first draft, without a draft curve: the model's step is the replay's
-    assert FLAT.step_ms(gamma) == pytest.approx(step_ms(Step(gamma, 0, 1, gamma > 0), FLAT))
-    assert CURVE.step_ms(0) == pytest.approx(step_ms(Step(0, 0, 1), CURVE))  # a plain decode: no draft at all
+    assert FLAT.step_ms(gamma) == pytest.approx(price(Step(gamma, 0, 1, gamma > 0), FLAT))
+    assert CURVE.step_ms(0) == pytest.approx(price(Step(0, 0, 1), CURVE))  # a plain decode: no draft at all
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 4])
@@ -295,8 +294,8 @@ def test_the_controllers_price_is_the_replays_step_cost(gamma, backlog):
     ctl = AdaptiveGamma(CURVE, 4)
     ctl.backlog = backlog
     a = ctl.alpha
-    replayed = (a ** gamma * step_ms(Step(gamma, gamma, gamma + 1), CURVE, backlog)
-                + (1 - a ** gamma) * step_ms(Step(gamma, 0, 1, True), CURVE, backlog))
+    replayed = (a ** gamma * price(Step(gamma, gamma, gamma + 1), CURVE, backlog)
+                + (1 - a ** gamma) * price(Step(gamma, 0, 1, True), CURVE, backlog))
     # the tokens are worth what plain decoding would pay for them, its row's overhead included
     assert ctl.probe_price(gamma) + expected_tokens(a, gamma) * (30 + OH) == pytest.approx(replayed)
 

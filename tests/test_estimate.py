@@ -244,7 +244,8 @@ def test_requests_decoded_together_share_each_steps_time():
     tokens then cost 40 / 2 = 20 ms a token rather than 30 one sequence at a time. With one prompt per category
     no two decode together."""
     c = batched_step_costs(replace(SPEC, parallel=2), 2, 100, figures(prompts(2)))
-    assert list(c.target_ms) == pytest.approx([40, 60]) and c.draft_ms == pytest.approx(12)
+    assert (c.plain(2), c.verify(2), c.draft(2)) == pytest.approx((40, 60, 12))
+    assert c.step_ms(0) == pytest.approx(40) and c.step_ms(1) == pytest.approx(12 + 60)  # a step of both
     for ps, saved in ((prompts(2), 4 * 32 * (30 - 20)), (prompts(1), 0)):
         one, two = (unit_ms(replace(BASE, parallel=n), 0, ps, PARAMS, None, figures(ps), Ledger(cached=False))
                     for n in (1, 2))

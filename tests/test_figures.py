@@ -2,7 +2,7 @@
 counted beside the same plain work timed twice (with the report's line for it)."""
 import pytest
 
-from harness.concurrency.costs import BatchCosts, shaped_step_ms
+from harness.costmodel import BatchCosts, shaped
 from harness.concurrency.figures import _batched, _per_sequence, agreement, gap, shaped_prices
 from harness.report.concurrency import agreement_line
 
@@ -22,10 +22,10 @@ def test_a_batched_runs_steps_are_replayed_from_its_records_and_weighted_by_the_
             step(2, 0, "a", 0, 1, gamma=0)]
     groups = _batched(recs)
     assert [[s["seq"] for s in g] for g in groups] == [[0, 1], [0, 1], [0]]
-    first = 1.0 + shaped_step_ms(C, [0, 1], [4, 4], [1, 1], [2, 2])
+    first = 1.0 + shaped(C, [0, 1], [4, 4], [1, 1], [2, 2])
     # "a" accepted all three (4 tokens, 2 drafts fed back): its draft catches up 2; "b" rejected: 1
-    second = 1.0 + shaped_step_ms(C, [0, 1], [4, 4], [2, 1], [2, 2])
-    third = 1.0 + shaped_step_ms(C, [0], [1], [0], [0])  # a request's last token: nothing drafted
+    second = 1.0 + shaped(C, [0, 1], [4, 4], [2, 1], [2, 2])
+    third = 1.0 + shaped(C, [0], [1], [0], [0])  # a request's last token: nothing drafted
     assert _per_sequence(groups, shaped_prices(C, groups, False)) == pytest.approx((2 * first + 2 * second + third) / 5)
     assert _batched([{"type": "step", "step": 0}]) is None  # a sequential run's records
 

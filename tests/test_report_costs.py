@@ -1,7 +1,7 @@
 """report.costs: a sweep row's overhead per target call, as the cost model's overhead per verified row."""
 import pytest
 
-from harness.analysis.predict import costs_at
+from harness.costmodel import read
 from harness.report.costs import overhead_per_row
 
 
@@ -12,5 +12,5 @@ def test_per_call_figures_become_per_row():
     assert overhead_per_row({"overhead_ms_per_call": None, "target_calls": 10, "proposed": 20}) == 0.0
     rec = {"contexts": [100], "target_ms_by_context": [[19.0, 30.0]], "draft_ms_by_context": [[4.0, 6.0]],
            "overhead_ms": 0.5}
-    c = costs_at(rec, 100, 20.0)
+    c = read(rec).costs(100).levelled(20.0)
     assert c.overhead_ms_per_row == 0.5 and c.target_ms[0] == pytest.approx(19.5)  # a plain decode less its row

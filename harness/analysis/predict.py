@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import replace
 from statistics import NormalDist
 
 import numpy as np
 import polars as pl
 
 from harness.analysis.intervals import REPLICATES, Generation, Row, row_intervals, step_matrix, widened
-from harness.analysis.replay import Step, expected, greedy_steps, ngram_steps, replay_step, step_ms
-from harness.costmodel import AdaptiveGamma, Costs, record_curves
+from harness.analysis.replay import expected, greedy_steps, ngram_steps, replay_step
+from harness.costmodel import AdaptiveGamma, Costs, Step, price, read
 from harness.drafting import Drafting, ngram_lookup
 from harness.specs import parse_draft
 
@@ -24,7 +23,7 @@ PLAIN = Step(0, 0, 1)  # a plain decode
 
 def plain_decode_ms(gens: pl.DataFrame) -> dict[tuple[str, str], float]:
     """{(config, category): ms per decode} of plain generations: their time over their decodes, the one that
-    produced the end of generation included. What one decode costs in costs_at: per token instead, the plain
+    produced the end of generation included. What one decode costs in Costs.levelled: per token instead, the plain
     twin of n tokens and an end (n + 1 decodes) would cost (n + 1) / n times what was measured."""
     if not len(gens):
         return {}
@@ -32,33 +31,11 @@ def plain_decode_ms(gens: pl.DataFrame) -> dict[tuple[str, str], float]:
     return {(r["config"], r["category"]): r["gen_ms"] / r["steps"] for r in g.iter_rows(named=True) if r["steps"]}
 
 
-def costs_at(rec: dict, context: float, plain_ms: float | None, overhead_ms_per_row: float | None = None) -> Costs:
-    """A costs record (measured in a worker or beside the replay) at `context` cached tokens (linear between its
-    contexts; its "overhead_ms" is per verified row, unless overhead_ms_per_row is given). One decode costs what
-    plain decoding measured per decode (plain_decode_ms; less the loop's overhead of its one row), where known: the
-    plain twins ran on the real prompts, seconds from the rows; the verification blocks and the draft's decodes
-    cost what was measured (or draws of it: cost_draws)."""
-    t, d = record_curves(rec, context)
-    oh = rec.get("overhead_ms", 0.0) if overhead_ms_per_row is None else overhead_ms_per_row
-    costs = Costs(t, d[0] if d else 0.0, oh, draft_curve=tuple(d))
-    if plain_ms:
-        costs = replace(costs, target_ms=[max(plain_ms - costs.overhead(1), 1e-6), *t[1:]])
-    return costs
-
-
-def with_unit_costs(rec: dict, unit: dict) -> dict:
-    """A replay costs record priced instead with a timed configuration's own decode costs (measured in its worker
-    before and after its generations: calibrate.unit_costs), at its own contexts; the loop's per-row overhead and
-    a lookup's time stay the replay's (the harness's Python, which the worker does not time apart)."""
-    return {k: v for k, v in rec.items() if not k.endswith(("_times_by_context", "_sd_by_context"))} | \
-        {k: v for k, v in unit.items() if k in ("contexts", "reps") or k.endswith(("_ms_by_context", "_sd_by_context"))}
-
-
 def speedup_bound(costs: Costs, gamma: int) -> float:
     """The most any acceptance can give at gamma (at most, for an adaptive gamma): a step emits at most gamma + 1
     tokens and costs at least the verification of gamma + 1 rows and gamma draft decodes, against one plain decode,
     each as measured. A predicted speedup beyond it comes from a plain pace the measured costs cannot have."""
-    plain = step_ms(PLAIN, costs)
+    plain = price(PLAIN, costs)
     return max((g + 1) * plain / (costs.verify(g + 1) + costs.overhead(g + 1) + g * costs.draft_ms)
                for g in range(1, gamma + 1))
 
@@ -87,14 +64,14 @@ def cost_draws(rec: dict, n: int, key: str) -> dict | None:
 def cost_sd(kinds: Counter, decodes: float, draws: Costs) -> float:
     """The log speedup's spread over cost draws: the plain twins' time (`decodes` plain decodes) over the
     speculative steps' (kinds: {(step, backlog): count}), both priced under every draw."""
-    spec = sum(w * step_ms(s, draws, b) for (s, b), w in kinds.items())
-    x = np.atleast_1d(np.log(decodes * step_ms(PLAIN, draws) / spec))
+    spec = sum(w * price(s, draws, b) for (s, b), w in kinds.items())
+    x = np.atleast_1d(np.log(decodes * price(PLAIN, draws) / spec))
     return float(x.std(ddof=1)) if x.size > 1 else 0.0
 
 
 def _plain(n: int, eos: bool, costs: Costs) -> np.ndarray:
     """The plain twin: n tokens in n decodes, one more to produce the end of generation."""
-    ms = step_ms(PLAIN, costs)
+    ms = price(PLAIN, costs)
     return step_matrix([1] * n + [0] * eos, [ms] * (n + eos), None, None, None, None, ms * (n + eos), spec=False)
 
 
@@ -112,7 +89,7 @@ def adaptive_steps(match: list[bool], n: int, max_tokens: int, gamma_max: int, e
             k += 1
         step, ended = replay_step(j, g, k, n, eos)
         ctl.observe([1.0] * step.accepted + [0.0] * step.rejected, g,
-                    step_ms(step, costs, backlog) - costs.verify(g + 1) - costs.overhead(g + 1) if g else None,
+                    price(step, costs, backlog) - costs.verify(g + 1) - costs.overhead(g + 1) if g else None,
                     costs.verify(g + 1))
         steps.append((step, backlog))
         backlog = 0 if g else backlog + 1
@@ -138,7 +115,7 @@ def generation(prompt: dict, rep: dict | None, gamma: int, costs: Costs, exact: 
             sb = adaptive_steps([bool(x) for x in rep["match"]], n, m, gamma, eos, costs)
         else:
             sb = [(s, 0) for s in greedy_steps([bool(x) for x in rep["match"]], n, m, gamma, eos)]
-        steps, ms = [s for s, _ in sb], [step_ms(s, costs, b) for s, b in sb]
+        steps, ms = [s for s, _ in sb], [price(s, costs, b) for s, b in sb]
         # alpha where verification reached: p of the draft's token under llama.cpp's rule, else whether it matched
         reached = _reached(steps, rep.get("alpha", rep["match"])) if rep is not None else [s.accepted for s in steps]
         spec = step_matrix([s.emitted for s in steps], ms, [s.accepted for s in steps], [s.proposed for s in steps],
@@ -206,9 +183,9 @@ def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts
         by_cat[p["category"]].append(p)
     for cat, ps in by_cat.items():
         context = float(np.mean([len(p["prompt_tokens"]) + len(p["tokens"]) / 2 for p in ps]))
-        c = costs_at(crec, context, plain_ms.get((config, cat)))
-        measured = costs_at(crec, context, None)  # the replay's own decode, not levelled: what bounds a prediction
-        cd = costs_at(draws, context, plain_ms.get((config, cat))) if draws else None
+        measured = read(crec).costs(context)  # the replay's own decode, not levelled: what bounds a prediction
+        c = measured.levelled(plain_ms.get((config, cat)))
+        cd = read(draws).costs(context).levelled(plain_ms.get((config, cat))) if draws else None
         # every fixed gamma; and, greedy with a draft model, the adaptive controller up to gamma_max
         runs = [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
         for gamma, adaptive in runs:

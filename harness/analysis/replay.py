@@ -17,22 +17,10 @@ Positions run 0..n-1 over the output's tokens and, when the output ended at an e
 that token: a step that reaches it ends the generation (the loop does not count it as emitted or accepted)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
+from harness.costmodel import Step, price
 from harness.gamma import gamma_cap
-
-
-@dataclass(frozen=True)
-class Step:
-    proposed: int
-    accepted: int
-    emitted: int
-    rejected: bool = False  # a draft was rejected (as the loop's rejected_at says)
-
-    @property
-    def all_accepted(self) -> bool:
-        return self.proposed > 0 and self.accepted == self.proposed
 
 
 def _advance(j: int, k: int, n: int, eos: bool) -> tuple[int, int, bool]:
@@ -88,18 +76,6 @@ def ngram_steps(context: Sequence[int], out: Sequence[int], eos_token: int | Non
     return steps
 
 
-def step_ms(step: Step, costs, backlog: int = 0) -> float:
-    """What a step costs: the draft's proposals (after catching up over `backlog` plain steps; one more token when
-    all were accepted), the verification block, and the overhead of verifying its rows (Costs.overhead). Linear in
-    the costs, which may be arrays (draws of them)."""
-    rows, draft = step.proposed + 1, 0.0
-    if step.proposed:
-        draft = costs.catch_up(backlog + 1) - costs.draft_ms + step.proposed * costs.draft_ms
-        if step.all_accepted:
-            draft += costs.catch_up(2) - costs.catch_up(1)
-    return draft + costs.verify(rows) + costs.overhead(rows)
-
-
 def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int, eos: bool, costs=None,
              blocks: Sequence[Sequence[float]] | None = None) -> dict:
     """Expected steps, verification steps (those that proposed), proposed, accepted, each kind of step's expected
@@ -131,5 +107,5 @@ def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int,
                 if not ended and j + step.emitted < end:
                     start[j + step.emitted] += p
             reach *= a_k
-    ms = sum(w * step_ms(s, costs) for s, w in kinds.items()) if costs is not None else 0.0
+    ms = sum(w * price(s, costs) for s, w in kinds.items()) if costs is not None else 0.0
     return out | {"kinds": kinds, "ms": ms}

@@ -74,7 +74,7 @@ def batched_ms(p: Probe, n: int, block: int, target: bool, context: int = 128) -
     return n * p.prompt(context) + REPS * sum(p.blocks(x, context)[-1] for x in shapes)
 
 
-def unit_costs(inst: Instance, run_dir: Path | None, context: float, fig: Figures):
+def instance_costs(inst: Instance, run_dir: Path | None, context: float, fig: Figures):
     """costmodel.Costs for an instance: calibrated when the run has calibrations, else from the probes (a
     verification of k tokens linear in k, from the probe's decode and block, at `context`)."""
     from harness.calibrate import costs_at
@@ -91,15 +91,16 @@ def unit_costs(inst: Instance, run_dir: Path | None, context: float, fig: Figure
 
 
 def batched_step_costs(inst: Instance, n: int, context: float, fig: Figures):
-    """costmodel.Costs of a step of n sequences, from the probes: k tokens each priced as one block of n x k
-    tokens (as batched_ms prices the batched calibration), the draft's decode of all n as one block of n. Priced
-    a sequence at a time instead, a run at N = 8 was estimated at 31.3 minutes and took 20.7 (slower Xeon VM)."""
-    from harness.costmodel import Costs
+    """costmodel.BatchCosts of n sequences, from the probes: a block of k tokens each priced as one block of
+    n x k tokens (as batched_ms prices the batched calibration), the draft's decode of all n as one block of n.
+    Priced a sequence at a time instead, a run at N = 8 was estimated at 31.3 minutes and took 20.7 (slower Xeon
+    VM)."""
+    from harness.costmodel import BatchCosts
     from harness.engine import EngineConfig
     threads, draft = EngineConfig(threads=inst.threads).resolved_threads(), _draft_model(inst)
     t = fig.probe(inst.target, threads, inst.ngl).blocks(n * (inst.gamma + 1), context)
     d = fig.probe(draft, threads, inst.ngl_draft).blocks(n, context)[-1] if draft else 0.0
-    return Costs([t[n * k - 1] for k in range(1, inst.gamma + 2)], d)
+    return BatchCosts((n,), (t[n - 1],), (t[-1],), (d,) if draft else (), inst.gamma + 1)
 
 
 def _draft_model(inst: Instance) -> str | None:
@@ -119,8 +120,8 @@ def generations_ms(inst: Instance, prompts: list, params: Params, run_dir: Path 
     context = _context(inst.target, prompts, params, fig)
     # N requests of a category decode together: a step's N sequences share its time
     seqs = min(inst.parallel, max(Counter(p.category for p in prompts).values()))
-    c = unit_costs(inst, run_dir, context, fig) if seqs == 1 else batched_step_costs(inst, seqs, context, fig)
-    plain, g = c.target_ms[0] / seqs, inst.gamma
+    c = instance_costs(inst, run_dir, context, fig) if seqs == 1 else batched_step_costs(inst, seqs, context, fig)
+    plain, g = c.step_ms(0) / seqs, inst.gamma  # a step of all seqs, which share its time
     # llama.cpp's n-gram types draft only on a hit (ngram-mod nothing or n-min..n-max tokens, the others up to
     # size-m), on most steps nothing: priced as plain decoding, as adaptive gamma is, not as n-max drafts a step
     per_tok = plain if inst.baseline or inst.adaptive or inst.draft.own_gamma else \
@@ -246,7 +247,7 @@ def subset_ms(instances: list[Instance], prompts: list, params: Params, run_dir:
     for i in instances:
         if i.baseline or i.adaptive or i.gamma != 1 or not chosen:
             continue
-        c = unit_costs(i, run_dir, _context(i.target, chosen, params, fig), fig)
+        c = instance_costs(i, run_dir, _context(i.target, chosen, params, fig), fig)
         top = min(params.replay_gamma, len(c.target_ms) - 1)
         best = best_speculative(ALPHA_GUESS, c, top)
         units = [(g, chosen) for g in dict.fromkeys((best, 1))] + [(min(best + 2, top), one)] * (len(firsts) > 1)

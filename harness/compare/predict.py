@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.analysis.noise import unit_summary
-from harness.analysis.predict import with_unit_costs
+from harness.costmodel import with_unit_costs
 from harness.errors import HarnessError
 from harness.report.fmt import ci, f, table
 from harness.report.verdicts import LEVEL_BASELINE, LEVEL_BUSY

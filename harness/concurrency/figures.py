@@ -1,7 +1,7 @@
 """Figures of concurrent decoding per (configuration, category), from trace records alone: total decode
 throughput, each sequence's, latency per request (mean, p95), acceptance per request, sequences in flight, the
 target's KV cells in use at the peak, and the batched cost model's prediction beside the measured speedup: a
-batched run's steps priced in the shapes their records show (costs.shaped_step_ms).
+batched run's steps priced in the shapes their records show (costmodel.shaped).
 
 Total throughput is tokens over the time spent in decode steps (prompts' prefill left out, as in tokens/s per
 sequence); at N = 1 that is the sequential loop's own generation time. Latency runs from a request entering its
@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 import polars as pl
 
-from harness.concurrency.costs import BatchCosts, from_record, predicted_speedup, shaped_step_ms, step_ms
+from harness.costmodel import BatchCosts, predicted_speedup, read, shaped
 
 
 def _by(records: list[dict], kind: str) -> dict[tuple, list[dict]]:
@@ -89,7 +89,7 @@ def shaped_prices(costs: BatchCosts, groups: list[list[dict]], unified: bool, n_
             last = prev.get(key)
             catch_up.append(0 if s["gamma"] == 0 else max(1, last["emitted"] - _fed(last)) if last else 1)
             prev[key] = s
-        prices.append(recs[0]["overhead_ms"] + shaped_step_ms(
+        prices.append(recs[0]["overhead_ms"] + shaped(
             costs, [s["seq"] for s in recs], [1 + s["proposed"] for s in recs], catch_up, [_fed(s) for s in recs],
             unified, n_ubatch))
     return prices
@@ -136,14 +136,13 @@ def concurrency_frame(sweep: pl.DataFrame, records: list[dict], paired: list[dic
                 "step_ms": mine.get("step_ms"), "plain_step_ms": plain.get("step_ms"),
                 "base_step_ms": again.get("step_ms")}
         if spec and cfg in costs and r["alpha"] is not None and mine and plain:
-            c = from_record(costs[cfg], r["context"], r["gamma"], r["parallel"])
+            c = read(costs[cfg]).batch(r["context"], r["gamma"], r["parallel"])
             share = r["verify_steps"] / r["target_calls"] if r["target_calls"] else 1.0
             groups = _batched(steps[own])
             pred = _per_sequence(groups, shaped_prices(c, groups, bool(r.get("kv_unified")), r.get("ubatch") or 512)) \
-                if groups else step_ms(
-                c, mine["mean_active"], r["gamma"], _step_overhead(steps[own]), share)
-            out["predicted"] = predicted_speedup(r["alpha"], r["gamma"], c, mine["mean_active"], plain["step_ms"],
-                                                 share=share, spec_step_ms=pred)
+                if groups else c.step_ms(r["gamma"], share=share, n=mine["mean_active"],
+                                         overhead_ms=_step_overhead(steps[own]))
+            out["predicted"] = predicted_speedup(r["alpha"], r["gamma"], c, share, plain["step_ms"], pred)
             out["predicted_step_ms"] = pred
         rows.append(out)
     return pl.DataFrame(rows, infer_schema_length=None)

@@ -17,16 +17,17 @@ def overhead_per_row(r: dict) -> float:
 def _costs_for(r: dict, run_dir: Path, measured: dict | None):
     from dataclasses import replace
 
-    from harness.analysis.predict import costs_at as measured_at
     from harness.calibrate import costs_at
+    from harness.costmodel import read
     from harness.engine import EngineConfig
     from harness.specs import parse_draft
     oh = overhead_per_row(r)
     # the plain twins' ms per token, less the loop's own cost of its row: Costs.step_ms(0) adds it back
     plain_ms = 1 / r["ref_tokens_per_ms"] - oh if r["ref_tokens_per_ms"] else None
     if measured is not None:  # measured in the row's worker, before its generations (and after, pooled)
-        costs = measured_at(measured, r["context"], None, oh)
-        if plain_ms and len(measured.get("contexts", [])) > 1:
+        rec = read(measured)
+        costs = rec.costs(r["context"], oh)
+        if plain_ms and rec.contexts > 1:
             # plain decoding costs what the row's plain twins took per token, on the real prompts; the blocks and
             # the draft what was measured, interpolated to the row's context
             return replace(costs, target_ms=[plain_ms, *costs.target_ms[1:]])

@@ -273,7 +273,8 @@ def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, b
     configuration's own decode costs (own_costs, measured in its worker, minutes after the replay's): what it
     changes is the machine's drift between the two moments; what it leaves, the cost model's error (and, sampled,
     the draw's)."""
-    from harness.analysis.predict import plain_decode_ms, predictions, with_unit_costs
+    from harness.analysis.predict import plain_decode_ms, predictions
+    from harness.costmodel import with_unit_costs
     is_spec = pl.col("mode") == "speculative"
     out = []
     for (config, cat), g in gens.filter(is_spec).group_by("config", "category", maintain_order=True):

@@ -1,11 +1,11 @@
-"""The batched cost model (concurrency.costs), pure: a step priced on memory- and compute-bound cost curves, and
-uneven batches, as llama.cpp cuts a batch of several sequences into ubatches (llama_batch_allocr::split_equal
-with a KV buffer per sequence, split_simple with one unified buffer), and their prices."""
+"""The batched cost model (costmodel.batched, price.shaped, records.CostRecord.batch), pure: a step priced on
+memory- and compute-bound cost curves, and uneven batches, as llama.cpp cuts a batch of several sequences into
+ubatches (llama_batch_allocr::split_equal with a KV buffer per sequence, split_simple with one unified buffer),
+and their prices."""
 
 import pytest
 
-from harness.concurrency.costs import (BatchCosts, batch_ms, from_record, predicted_speedup, shaped_step_ms, split,
-                                       step_ms)
+from harness.costmodel import BatchCosts, batch_ms, predicted_speedup, read, shaped, split
 # run 20261201-224743-vm's batched costs (code, greedy): 1, 2, 4 and 8 sequences, blocks of 4
 C = BatchCosts((1, 2, 4, 8), (38.9, 64.2, 108.6, 182.8), (105.2, 188.5, 242.3, 406.0), (26.8, 59.0, 71.6, 101.6),
                block=4)
@@ -68,10 +68,10 @@ def test_an_uneven_batch_costs_more_with_a_buffer_per_sequence_than_unified():
 def test_a_step_prices_the_catch_up_each_draft_position_and_the_verification():
     # two sequences, gamma 3: the first caught up two tokens and drafted 3 (fed back 2), the second caught up one
     # and drafted 1 (its draft stopped early: fed back 1)
-    ms = shaped_step_ms(C, [0, 1], [4, 2], [2, 1], [2, 1])
+    ms = shaped(C, [0, 1], [4, 2], [2, 1], [2, 1])
     draft = C.ubatch(2, 1, True) + C.ubatch(1, 1, True) + C.ubatch(2, 1, True) + C.ubatch(1, 1, True)
     assert ms == pytest.approx(draft + C.ubatch(2, 2) + C.ubatch(1, 2))
-    assert shaped_step_ms(C, [0, 1], [4, 4], [1, 1], [2, 2], unified=True) == pytest.approx(
+    assert shaped(C, [0, 1], [4, 4], [1, 1], [2, 2], unified=True) == pytest.approx(
         3 * C.draft(2) + C.verify(2))
 
 
@@ -90,37 +90,37 @@ def test_batch_costs_interpolate_between_counts_and_scale_beyond():
     assert c.verify(2) == pytest.approx(26.667, abs=1e-3) and c.draft(8) == 4.0
     assert BatchCosts((1,), (5.0,), (9.0,)).draft(3) == 0.0  # a lookup has no draft cost
     # gamma 3, all proposing: three draft decodes of 4 rows, one verification of 4 blocks
-    assert step_ms(c, 4, 3, overhead_ms=1.0) == pytest.approx(3 * 3.0 + 40.0 + 1.0)
-    assert step_ms(c, 4, 0) == 16.0 and step_ms(c, 4, 3, share=0.0) == 16.0
-    assert step_ms(c, 4, 3, share=0.5) == pytest.approx(9.0 + 20.0 + 8.0)
+    assert c.step_ms(3, n=4, overhead_ms=1.0) == pytest.approx(3 * 3.0 + 40.0 + 1.0)
+    assert c.step_ms(0, n=4) == 16.0 and c.step_ms(3, share=0.0, n=4) == 16.0
+    assert c.step_ms(3, share=0.5, n=4) == pytest.approx(9.0 + 20.0 + 8.0)
 
 
 def test_speculation_gains_while_a_step_is_memory_bound_and_loses_once_compute_fills_the_batch():
     c = costs(1.0)
-    gains = [predicted_speedup(0.8, 4, c, n, c.plain(n)) for n in (1, 2, 4, 8, 16, 32, 64)]
+    gains = [predicted_speedup(0.8, 4, c, plain_ms=c.plain(n), n=n) for n in (1, 2, 4, 8, 16, 32, 64)]
     assert gains[0] > 1.5 and gains == sorted(gains, reverse=True) and gains[-1] < 1
     assert c.plain(8) / 8 < c.plain(1)  # and plain decoding's throughput grows with n
 
 
 def test_a_lookup_that_rarely_proposes_costs_only_the_steps_that_do():
     c = costs(2.0, fixed=10.0, draft_share=0.0, gamma=3)
-    assert predicted_speedup(1.0, 3, c, 2, c.plain(2), share=0.0) == pytest.approx(1.0)
-    assert predicted_speedup(1.0, 3, c, 2, c.plain(2), share=0.5) > 1.0
+    assert predicted_speedup(1.0, 3, c, 0.0, c.plain(2), n=2) == pytest.approx(1.0)
+    assert predicted_speedup(1.0, 3, c, 0.5, c.plain(2), n=2) > 1.0
 
 
 def test_costs_records_measured_with_sequences_or_as_single_sequence_blocks():
     rec = {"type": "costs", "seqs": [1, 2, 4], "context": 128, "plain_ms": [10, 12, 15], "verify_ms": [20, 30, 50],
            "draft_ms": [3, 4, 6]}
-    c = from_record(rec, 500, 3, 4)
+    c = read(rec).batch(500, 3, 4)
     assert c.seqs == (1, 2, 4) and c.verify(3) == 40 and c.draft(4) == 6 and c.draft_catch_up_ms == ()
-    c = from_record(rec | {"draft_catch_up_ms": [5, 7, 10]}, 500, 3, 4)
+    c = read(rec | {"draft_catch_up_ms": [5, 7, 10]}).batch(500, 3, 4)
     assert c.ubatch(4, 2, draft=True) == 10 and c.ubatch(2, 1.5, draft=True) == pytest.approx(5.5)
     # a run from before: one sequence's blocks of k tokens, at two contexts, priced at 1 and N sequences
     old = {"contexts": [128, 1024], "k": 16, "ks": [1, 2, 4, 8, 16], "draft_ks": [1, 4],
            "target_ms_by_context": [[10, 12, 15, 18, 30], [20, 22, 25, 28, 40]],
            "draft_ms_by_context": [[2, 4], [4, 6]]}
-    c = from_record(old, 576, 3, 4)
+    c = read(old).batch(576, 3, 4)
     assert c.seqs == (1, 4) and c.plain(1) == pytest.approx(15) and c.verify(1) == pytest.approx(20)
     assert c.verify(4) == pytest.approx(35) and c.draft(4) == pytest.approx(5)
-    seq = from_record({"contexts": [128], "k": 4, "target_ms_by_context": [[10, 12, 14, 16]]}, 500, 3, 1)
+    seq = read({"contexts": [128], "k": 4, "target_ms_by_context": [[10, 12, 14, 16]]}).batch(500, 3, 1)
     assert seq.seqs == (1,) and (seq.plain(1), seq.verify(1)) == (10, 16) and seq.draft_ms == ()

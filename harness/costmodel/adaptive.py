@@ -1,108 +1,11 @@
-"""Leviathan et al. (2023) cost model with measured cost curves, and the per-step gamma controller."""
+"""The per-step gamma controller: the cost model's best gamma at a posterior on alpha, probing when worth it."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
-from harness.errors import HarnessError
-from harness.gamma import gamma_cap, require_fits_batch
-
-
-def at_context(contexts: list[float], rows: list[list[float]], context: float) -> list[float]:
-    """Costs measured at `contexts` cached tokens (a row of ms by k each), at `context`: linear between the first
-    and the last, the nearest outside them. Every reader of a costs record interpolates here."""
-    if not rows or not rows[0]:
-        return []
-    xs = contexts
-    if len(xs) == 1 or context <= xs[0]:
-        return list(rows[0])
-    if context >= xs[-1]:
-        return list(rows[-1])
-    w = (context - xs[0]) / (xs[-1] - xs[0])
-    return [a + w * (b - a) for a, b in zip(rows[0], rows[-1])]
-
-
-def record_curves(rec: dict, context: float) -> tuple[list[float], list[float]]:
-    """(the target's ms by k, the draft's ms by k; empty without a draft model) of a sequential costs record (a
-    worker's, the replay's) at `context`. The one reader of their formats: a record from before two contexts were
-    measured holds one context's target_ms and draft_ms."""
-    if "target_ms" in rec:
-        return list(rec["target_ms"]), list(rec.get("draft_ms") or [])
-    return (at_context(rec["contexts"], rec["target_ms_by_context"], context),
-            at_context(rec["contexts"], rec.get("draft_ms_by_context") or [], context))
-
-
-def expected_tokens(alpha, gamma: int):
-    """E[tokens per step] = (1 - alpha^(gamma+1)) / (1 - alpha): accepted drafts plus the correction/bonus.
-    Summed as the series, so alpha = 1 and numpy arrays of alpha need no special case."""
-    return sum(alpha ** i for i in range(max(gamma, 0) + 1))
-
-
-@dataclass(frozen=True)
-class Costs:
-    target_ms: list[float]   # llama_decode of k = 1.. tokens with all logits, index k-1
-    draft_ms: float          # one draft decode (0 for a proposer without a model)
-    overhead_ms_per_row: float = 0.0  # the loop's Python/verification cost per verified logits row
-    draft_curve: tuple[float, ...] = ()  # draft decode of k = 1.. tokens: what catching up after plain steps costs
-
-    def catch_up(self, n: int) -> float:
-        """The draft's cost to evaluate n tokens it skipped (linear beyond the calibrated range)."""
-        if not self.draft_curve:
-            return n * self.draft_ms
-        c = self.draft_curve
-        return c[n - 1] if n <= len(c) else c[-1] * n / len(c)
-
-    def verify(self, k: int) -> float:
-        if k > len(self.target_ms):
-            require_fits_batch(k - 1)
-            raise HarnessError(f"calibration covers k <= {len(self.target_ms)}, gamma needs {k}: recalibrate "
-                               f"with --k-max {k}")
-        return self.target_ms[k - 1]
-
-    def draft_step_ms(self, gamma: int, alpha: float) -> float:
-        """gamma draft decodes; with a measured draft curve, also the extra token it evaluates when all gamma
-        were accepted (the last proposal and the bonus token arrive together), which happens w.p. alpha^gamma."""
-        extra = alpha ** gamma * (self.catch_up(2) - self.catch_up(1)) if self.draft_curve and gamma else 0.0
-        return gamma * self.draft_ms + extra
-
-    def overhead(self, rows: int) -> float:
-        """The loop's own cost of a step that verified `rows` logits rows (its drafts and one more): it grows with
-        the rows, each checked and sampled in Python (docs/findings/harness-self-prediction.md). Every price of a
-        step calls this, so that the model, the replay and the adaptive controller charge a step alike."""
-        return rows * self.overhead_ms_per_row
-
-    def step_ms(self, gamma: int, alpha: float = 0.0) -> float:
-        """A step proposing gamma drafts (0: a plain decode)."""
-        return self.draft_step_ms(gamma, alpha) + self.verify(gamma + 1) + self.overhead(gamma + 1)
-
-    def tokens_per_ms(self, alpha: float, gamma: int) -> float:
-        return expected_tokens(alpha, gamma) / self.step_ms(gamma, alpha)
-
-
-def predicted_speedup(alpha: float, gamma: int, costs: Costs, share: float = 1.0) -> float:
-    """E(alpha, gamma) * (T_target(1) + overhead(1 row)) / (T_draft(gamma) + T_verify(gamma+1) + overhead(gamma+1
-    rows)): plain decoding pays its row's overhead too. With
-    T_draft(gamma) = gamma * T_draft(1) (+ the bonus catch-up when a draft curve is known). share: the fraction of
-    steps that proposed anything (a lookup proposer often finds nothing: those steps decode one token plainly)."""
-    tokens = share * expected_tokens(alpha, gamma) + (1 - share)
-    ms = share * costs.step_ms(gamma, alpha) + (1 - share) * costs.step_ms(0)
-    return tokens * costs.step_ms(0) / ms
-
-
-def best_speculative(alpha: float, costs: Costs, gamma_max: int) -> int:
-    """The gamma in 1..gamma_max with the most expected tokens per ms, win or lose (0 when gamma_max < 1)."""
-    return max(range(1, gamma_max + 1), key=lambda g: costs.tokens_per_ms(alpha, g), default=0)
-
-
-def beats_plain(alpha: float, gamma: int, costs: Costs) -> bool:
-    return costs.tokens_per_ms(alpha, gamma) > 1.0 / costs.step_ms(0)
-
-
-def best_gamma(alpha: float, costs: Costs, gamma_max: int) -> int:
-    """0 means plain decoding is predicted to be fastest."""
-    g = best_speculative(alpha, costs, gamma_max)
-    return g if g and beats_plain(alpha, g, costs) else 0
+from harness.costmodel.price import predicted_speedup
+from harness.costmodel.sequential import Costs, beats_plain, best_speculative, expected_tokens
+from harness.gamma import gamma_cap
 
 
 class AdaptiveGamma:

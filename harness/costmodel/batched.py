@@ -1,21 +1,19 @@
-"""The cost model for concurrent requests: a step decodes every active sequence together. With n sequences and
-draft length gamma, plain decoding pays P(n) per step (n sequences, one token each) for one token per sequence;
+"""Several sequences' step (N > 1): a step decodes every active sequence together. With n sequences and draft
+length gamma, plain decoding pays P(n) per step (n sequences, one token each) for one token per sequence;
 speculation pays gamma draft decodes of n rows, D(n) each, and one verification V(n) of n blocks of gamma + 1
 tokens, for E(alpha, gamma) tokens per sequence. Where P(n) already fills the machine, a verification's extra
 tokens stop being nearly free and the gain shrinks. The costs are measured in the worker with n sequences of
 its own context (concurrency.calibrate); runs from before that priced a step by the same number of tokens in
-one sequence (their records hold block sizes, ks).
+one sequence (records.CostRecord.batch converts them).
 
 A real step is rarely even (a draft catching up two tokens in one sequence, a request near its end drafting
 fewer), and llama.cpp does not decode an uneven batch as one graph when each sequence has its own KV buffer:
-`split` replays how it cuts a batch into ubatches, and `batch_ms` prices each one."""
+`split` replays how it cuts a batch into ubatches, and `batch_ms` prices each one (price.shaped)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-
-from harness.costmodel import expected_tokens, record_curves
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,17 @@ class BatchCosts:
         ms = _line(p, self.verify(m), self.block, t)
         return (self.draft(m) * ms / p if p else 0.0) if draft else ms
 
+    def step_ms(self, gamma: int, alpha: float = 0.0, share: float = 1.0, n: float | None = None,
+                overhead_ms: float = 0.0) -> float:
+        """An even step of n sequences (None: the most it was measured with), a share of whose steps propose
+        (gamma draft decodes, then the verification of every block together); gamma = 0: a plain step. alpha is
+        not used: the even step takes no catch-up after a step that accepted every draft (price.shaped prices
+        the shapes a run's records show, catch-ups included). overhead_ms: the loop's own, per step."""
+        n = self.seqs[-1] if n is None else n
+        if gamma == 0 or share == 0:
+            return self.plain(n) + overhead_ms
+        return gamma * self.draft(n) + share * self.verify(n) + (1 - share) * self.plain(n) + overhead_ms
+
 
 def _line(one: float, block: float, size: int, t: float) -> float:
     """A graph of t tokens a sequence, from its costs at t = 1 and t = size: linear between, proportional beyond."""
@@ -92,49 +101,3 @@ def batch_ms(costs: BatchCosts, sizes: list[int], seqs: list[int] | None = None,
              draft: bool = False, n_ubatch: int = 512) -> float:
     """One llama_decode of these per-sequence blocks: the sum of its ubatches' prices."""
     return sum(costs.ubatch(m, t, draft) for m, t in split(sizes, seqs, unified, n_ubatch))
-
-
-def shaped_step_ms(costs: BatchCosts, seqs: list[int], blocks: list[int], catch_up: list[int], fed: list[int],
-                   unified: bool = False, n_ubatch: int = 512) -> float:
-    """A batched speculative step as it ran, per sequence in batch order: the draft's catch-up (the tokens its
-    cache lacks, 0 for a sequence not drafting), then one decode per further draft position of the sequences
-    fed that far (fed: drafts fed back), then the target's verification of each block (1 + proposed)."""
-    drafts = [catch_up, *([int(f >= k) for f in fed] for k in range(1, max(fed, default=0) + 1))]
-    return (sum(batch_ms(costs, d, seqs, unified, True, n_ubatch) for d in drafts)
-            + batch_ms(costs, blocks, seqs, unified, False, n_ubatch))
-
-
-def step_ms(costs: BatchCosts, n: float, gamma: int, overhead_ms: float = 0.0, share: float = 1.0) -> float:
-    """One speculative step of n sequences, a share of whose steps propose (gamma draft decodes, then the
-    verification of every block together); gamma = 0: a plain step."""
-    if gamma == 0 or share == 0:
-        return costs.plain(n) + overhead_ms
-    return gamma * costs.draft(n) + share * costs.verify(n) + (1 - share) * costs.plain(n) + overhead_ms
-
-
-def predicted_speedup(alpha: float, gamma: int, costs: BatchCosts, n: float, plain_step_ms: float,
-                      overhead_ms: float = 0.0, share: float = 1.0, spec_step_ms: float | None = None) -> float:
-    """Each sequence's tokens per ms speculating at n sequences in flight, against plain decoding's measured step
-    (plain_step_ms: one token per sequence, as the plain twins ran it). share: the steps that proposed anything.
-    spec_step_ms: the speculative step's price where the caller priced its real shapes (shaped_step_ms)."""
-    tokens = share * expected_tokens(alpha, gamma) + (1 - share)
-    return tokens * plain_step_ms / (spec_step_ms or step_ms(costs, n, gamma, overhead_ms, share))
-
-
-def from_record(rec: dict, context: float, gamma: int, parallel: int) -> BatchCosts:
-    """BatchCosts from a worker's costs record: measured with several sequences (concurrency.calibrate), or, from
-    a sequential worker or a run from before that, single-sequence blocks of k tokens (the same tokens in one
-    sequence: at 1 and at `parallel` sequences), interpolated to `context` cached tokens."""
-    if "seqs" in rec:
-        return BatchCosts(tuple(rec["seqs"]), tuple(rec["plain_ms"]), tuple(rec["verify_ms"]),
-                          tuple(rec.get("draft_ms") or ()), rec.get("block", gamma + 1),
-                          tuple(rec.get("draft_catch_up_ms") or ()))
-    target, draft = record_curves(rec, context)
-
-    def curve(ys, ks):
-        return (lambda k: float(np.interp(k, ks, ys)) if k <= ks[-1] else ys[-1] * k / ks[-1]) if ys else None
-    t = curve(target, rec.get("ks") or list(range(1, len(target) + 1)))
-    d = curve(draft, rec.get("draft_ks") or list(range(1, len(draft) + 1)))
-    seqs = tuple(sorted({1, parallel}))
-    return BatchCosts(seqs, tuple(t(m) for m in seqs), tuple(t(m * (gamma + 1)) for m in seqs),
-                      tuple(d(m) for m in seqs) if d else (), gamma + 1)
