@@ -274,11 +274,15 @@ def check_parallel(p: Params) -> None:
         raise HarnessError(f"--parallel values must be >= 1 (requests decoded together), got {min(p.parallel)}")
     if max(p.parallel) == 1:
         return
-    for what, bad in (("adaptive gamma (auto)", any(g.adaptive for g in p.gamma)), ("--replay", p.replay),
-                      ("--until-confident", p.until_confident)):
+    # the loop runs any of these at one slot; in a batch, a sequence's step costs what the others' blocks add
+    for what, why, bad in (
+            ("adaptive gamma (auto)", "prices one sequence's steps", any(g.adaptive for g in p.gamma)),
+            ("--replay", "prices steps from one sequence's plain run", p.replay),
+            ("--until-confident", "adds prompts one pair at a time, where a batch pairs a category's requests",
+             p.until_confident)):
         if bad:
-            raise HarnessError(f"--parallel above 1 does not combine with {what}, which decodes one sequence at a "
-                               "time: sweep --parallel with fixed gammas, timed")
+            raise HarnessError(f"--parallel above 1 does not combine with {what}, which {why}: sweep --parallel "
+                               "with fixed gammas, timed")
     widest = max(p.parallel) * (max((g.n for g in p.gamma if not g.adaptive), default=0) + 1)
     if widest > N_BATCH:
         raise HarnessError(f"--parallel {max(p.parallel)} x (gamma + 1) = {widest} tokens per step exceed the batch "

@@ -464,3 +464,12 @@ def test_a_single_generation_is_a_batch_of_one(policy, gamma):
     assert batched == steps(seq_tw.records)
     assert next(r for r in batch_tw.records if r["type"] == "generation")["tokens"] == gen["tokens"]
     assert len(gen["tokens"]) == SLOT_N and (not gamma or "d" in gen["from_draft"])
+
+
+def test_the_adaptive_controller_runs_at_one_slot_and_is_refused_in_a_batch():
+    """One loop: the controller a single generation takes (above) is refused with two slots, in one line."""
+    ctl = Scripted([1] * 20)
+    target = BatchedLogits(len(SLOT_PROMPT), {10: SLOT_TARGET})
+    draft = DraftModelProposer(BatchedLogits(len(SLOT_PROMPT), {10: SLOT_DRAFT}))
+    with pytest.raises(HarnessError, match="one sequence's steps"):
+        generate_concurrent(target, [Request("p", SLOT_PROMPT, SLOT_N)], Policy(), 2, draft, ctl)

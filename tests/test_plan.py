@@ -156,9 +156,9 @@ def test_parallel_is_swept_labelled_and_keeps_single_sequence_ids():
 @pytest.mark.parametrize("params, words", [
     (dict(parallel=[0]), ("--parallel", ">= 1")),
     (dict(parallel=[-2, 2]), ("--parallel", ">= 1")),
-    (dict(parallel=[2], gamma=["auto"]), ("auto", "fixed gammas")),
-    (dict(parallel=[1, 2], replay=True), ("--replay",)),
-    (dict(parallel=[2], until_confident=True), ("--until-confident",)),
+    (dict(parallel=[2], gamma=["auto"]), ("auto", "one sequence's steps", "fixed gammas")),
+    (dict(parallel=[1, 2], replay=True), ("--replay", "one sequence's plain run")),
+    (dict(parallel=[2], until_confident=True), ("--until-confident", "a batch pairs a category's requests")),
     (dict(parallel=[64], gamma=[8]), ("576 tokens per step", "batch size 512")),
 ])
 def test_plan_refuses_what_concurrent_decoding_cannot_run(params, words):
