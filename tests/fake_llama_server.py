@@ -91,10 +91,14 @@ class Handler(BaseHTTPRequestHandler):
         if SPEC and os.environ.get("FAKE_SERVER_DIVERGE"):
             at = int(os.environ["FAKE_SERVER_DIVERGE"])
             tokens = tokens[:at] + [t + 1000 for t in tokens[at:]]
+        t = reported(n_prompt, n)
+        if t.get("draft_n"):  # as llama-server's print_timing logs it, at 3 verification steps a request
+            a, g = t["draft_n_accepted"], t["draft_n"]
+            print(f"slot print_timing: id  0 | task 0 | draft acceptance = {a / g:.5f} ({a:5d} accepted / {g:5d} "
+                  f"generated), mean len = {1 + a / 3:5.2f}", file=sys.stderr, flush=True)
         if os.environ.get("FAKE_SERVER_MODE") == "notimings":
             return self._send(200, {"content": "x", "tokens": tokens, "stop_type": "limit"})
-        self._send(200, {"content": "x", "tokens": tokens, "stop_type": "limit",
-                         "timings": reported(n_prompt, n)})
+        self._send(200, {"content": "x", "tokens": tokens, "stop_type": "limit", "timings": t})
 
     def log_message(self, *args):
         pass

@@ -89,6 +89,9 @@ def test_speculative_unit_abba_one_server_per_request(tmp_path, smol, fake, monk
     assert s["proposed"] == 10 + g["server"]["prompt_n"] % 3 and s["accepted"] == 6 + g["server"]["prompt_n"] % 2
     assert g["n_tokens"] == 5 and g["output_tokens"] == 6 and g["tokens"] == list(range(6))
     assert g["tokens_per_s"] == pytest.approx(5 / g["server"]["predicted_ms"] * 1e3)
+    # the server's log, parsed: its one request's acceptance line (the fake's 3 verification steps)
+    assert (g["server"]["log_accepted"], g["server"]["log_drafted"]) == (s["accepted"], s["proposed"])
+    assert g["server"]["log_mean_len"] == round(1 + s["accepted"] / 3, 2)
     twins = [r for r in read_records(trace_path(run_dir / PAIRED_DIR, inst.id)) if r["type"] == "generation"]
     assert [t["mode"] for t in twins] == ["baseline"] * 2 and twins[0]["server"]["draft_n"] == 0
 

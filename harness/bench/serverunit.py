@@ -10,10 +10,11 @@ verdicts and output checks come out of the same analysis.
   neither and no server is ever warm with an earlier prompt. Requests send `cache_prompt: false`, `-np 1`,
   n_predict = the max tokens, the policy's sampling (temperature 0 when greedy) and a seed per repeat.
 - Per request the trace keeps the server's own figures (predicted_n, predicted_ms, prompt_n, prompt_ms, draft_n,
-  draft_n_accepted, the output token ids) as a generation record and one step record holding the request's totals
-  (`server_totals`): the server reports no steps, so figures per step (mean accepted length, alpha, per-position
-  acceptance) are left unknown by the report. Speeds count as llama-server's predicted_per_second does: predicted_n
-  - 1 tokens over predicted_ms (the first token comes from the prompt's logits, timed in prompt_ms).
+  draft_n_accepted, the output token ids, and its log's mean acceptance length) as a generation record and one
+  step record holding the request's totals (`server_totals`): the server reports no steps, so figures per step
+  (mean accepted length, alpha, per-position acceptance) are left unknown by the report. Speeds count as
+  llama-server's predicted_per_second does: predicted_n - 1 tokens over predicted_ms (the first token comes from
+  the prompt's logits, timed in prompt_ms).
 - Greedy speculative outputs are compared token for token with their plain twins'; a divergence is recorded for
   the report's output check as unchecked (the server does not say which verification block held the position, so
   harness.divergence's replay of the two paths cannot be made).
@@ -105,10 +106,12 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
         traces[mode] = TraceWriter(f, config=inst.id, mode=mode)
     log_dir = run_dir / LOGS_DIR / unit
     seeds = [{} if inst.policy.greedy else {"seed": inst.policy.seed + rep} for _, rep in requests]
-    done = iter(requests)
+    done = iter(enumerate(requests))
 
     def write(rec: dict) -> None:
-        pr, rep = next(done)
+        k, (pr, rep) = next(done)
+        if "speculative" in rec:  # its server served this request alone: its log's acceptance line is the request's
+            rec["speculative"] |= logged(log_dir / f"{k + 1:02d}-{pr.id}-speculative.log")
         for role, mode in (("speculative", "speculative"), ("plain", "baseline")):
             if role in rec and mode in traces:
                 for r in records(rec[role], pr, rep, mode):
@@ -148,6 +151,23 @@ def plain_unit(binary: Path, c: Command, listed: list, log: Path, seeds: list[di
         srv.stop()
 
 
+LOGGED = re.compile(r"draft acceptance = [\d.]+ \(\s*(\d+) accepted /\s*(\d+) generated\), mean len =\s*([\d.]+)")
+
+
+def logged(log: Path) -> dict:
+    """What llama-server's log says of its one request's drafts (print_timing, at its default verbosity): accepted,
+    drafted and its mean acceptance length (1 + accepted per verification step, to 2 decimals); {} where it says
+    nothing (nothing drafted)."""
+    try:
+        found = LOGGED.findall(log.read_text(errors="replace"))
+    except OSError:
+        return {}
+    if len(found) != 1:
+        return {}
+    a, g, mean = found[0]
+    return {"log_accepted": int(a), "log_drafted": int(g), "log_mean_len": float(mean)}
+
+
 def records(r: dict, pr, rep: int, mode: str) -> list[dict]:
     """One request's trace records: its totals as one step (what the analysis sums acceptance and time over), then
     its generation with the server's own figures."""
@@ -164,5 +184,6 @@ def records(r: dict, pr, rep: int, mode: str) -> list[dict]:
                     "latency_ms": None if prompt_ms is None else prompt_ms + ms,
                     "tokens_per_s": decoded / ms * 1e3 if ms > 0 else 0.0,
                     "server": {k: r.get(k) for k in ("predicted_n", "predicted_ms", "prompt_n", "prompt_ms",
-                                                     "draft_n", "draft_n_accepted")}}
+                                                     "draft_n", "draft_n_accepted", "log_accepted", "log_drafted",
+                                                     "log_mean_len") if k in r}}
     return [step, gen]
