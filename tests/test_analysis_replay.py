@@ -74,7 +74,7 @@ def test_expected_acceptance_matches_a_simulation_of_random_acceptances():
     sims = []
     for _ in range(4000):
         steps = greedy_steps(list(rng.random(40) < alpha), 40, 40, 3, False)
-        sims.append((len(steps), sum(s.accepted for s in steps), sum(price(s, costs) for s in steps)))
+        sims.append((len(steps), sum(s.accepted for s in steps), sum(price(s.shape(), costs) for s in steps)))
     mean = np.mean(sims, axis=0)
     assert e["steps"] == pytest.approx(mean[0], rel=0.01)
     assert e["accepted"] == pytest.approx(mean[1], rel=0.02)
@@ -83,10 +83,10 @@ def test_expected_acceptance_matches_a_simulation_of_random_acceptances():
 
 def test_step_cost_known_values():
     c = Costs(target_ms=[30, 50, 60, 70], draft_ms=5, overhead_ms_per_row=0.5, draft_curve=(5, 7, 8))
-    assert price(Step(0, 0, 1), c) == pytest.approx(30.5)  # a plain step
-    assert price(Step(3, 1, 2), c) == pytest.approx(3 * 5 + 70 + 4 * 0.5)  # rejected at 1
-    assert price(Step(3, 3, 4), c) == pytest.approx(3 * 5 + 2 + 70 + 4 * 0.5)  # all accepted: catch-up
-    assert price(Step(2, 0, 1), c, backlog=2) == pytest.approx(8 - 5 + 2 * 5 + 60 + 3 * 0.5)
+    assert price(Step(0, 0, 1).shape(), c) == pytest.approx(30.5)  # a plain step
+    assert price(Step(3, 1, 2).shape(), c) == pytest.approx(3 * 5 + 70 + 4 * 0.5)  # rejected at 1
+    assert price(Step(3, 3, 4).shape(), c) == pytest.approx(3 * 5 + 2 + 70 + 4 * 0.5)  # all accepted: catch-up
+    assert price(Step(2, 0, 1).shape(2), c) == pytest.approx(8 - 5 + 2 * 5 + 60 + 3 * 0.5)
 
 
 def test_expected_steps_of_a_lookup_proposer_follow_its_own_blocks():

@@ -280,10 +280,10 @@ def test_a_step_of_k_rows_costs_k_rows_overhead_in_the_model_and_the_replay(gamm
     assert CURVE.overhead(rows) == pytest.approx(rows * OH)
     assert CURVE.step_ms(gamma) - FREE.step_ms(gamma) == pytest.approx(rows * OH)
     for s in (Step(gamma, 0, 1, gamma > 0), Step(gamma, gamma, gamma + 1)):
-        assert price(s, CURVE) - price(s, FREE) == pytest.approx(rows * OH)
+        assert price(s.shape(), CURVE) - price(s.shape(), FREE) == pytest.approx(rows * OH)
     # a step rejected at its first draft, without a draft curve: the model's step is the replay's
-    assert FLAT.step_ms(gamma) == pytest.approx(price(Step(gamma, 0, 1, gamma > 0), FLAT))
-    assert CURVE.step_ms(0) == pytest.approx(price(Step(0, 0, 1), CURVE))  # a plain decode: no draft at all
+    assert FLAT.step_ms(gamma) == pytest.approx(price(Step(gamma, 0, 1, gamma > 0).shape(), FLAT))
+    assert CURVE.step_ms(0) == pytest.approx(price(Step(0, 0, 1).shape(), CURVE))  # a plain decode: no draft at all
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 4])
@@ -294,8 +294,8 @@ def test_the_controllers_price_is_the_replays_step_cost(gamma, backlog):
     ctl = AdaptiveGamma(CURVE, 4)
     ctl.backlog = backlog
     a = ctl.alpha
-    replayed = (a ** gamma * price(Step(gamma, gamma, gamma + 1), CURVE, backlog)
-                + (1 - a ** gamma) * price(Step(gamma, 0, 1, True), CURVE, backlog))
+    replayed = (a ** gamma * price(Step(gamma, gamma, gamma + 1).shape(backlog), CURVE)
+                + (1 - a ** gamma) * price(Step(gamma, 0, 1, True).shape(backlog), CURVE))
     # the tokens are worth what plain decoding would pay for them, its row's overhead included
     assert ctl.probe_price(gamma) + expected_tokens(a, gamma) * (30 + OH) == pytest.approx(replayed)
 

@@ -1,11 +1,11 @@
-"""The batched cost model (costmodel.batched, price.shaped, records.CostRecord.batch), pure: a step priced on
+"""The batched cost model (costmodel.batched, price.price, records.CostRecord.batch), pure: a step priced on
 memory- and compute-bound cost curves, and uneven batches, as llama.cpp cuts a batch of several sequences into
 ubatches (llama_batch_allocr::split_equal with a KV buffer per sequence, split_simple with one unified buffer),
 and their prices."""
 
 import pytest
 
-from harness.costmodel import BatchCosts, batch_ms, predicted_speedup, read, shaped, split
+from harness.costmodel import BatchCosts, Shape, batch_ms, predicted_speedup, price, read, split
 # run 20261201-224743-vm's batched costs (code, greedy): 1, 2, 4 and 8 sequences, blocks of 4
 C = BatchCosts((1, 2, 4, 8), (38.9, 64.2, 108.6, 182.8), (105.2, 188.5, 242.3, 406.0), (26.8, 59.0, 71.6, 101.6),
                block=4)
@@ -68,10 +68,10 @@ def test_an_uneven_batch_costs_more_with_a_buffer_per_sequence_than_unified():
 def test_a_step_prices_the_catch_up_each_draft_position_and_the_verification():
     # two sequences, gamma 3: the first caught up two tokens and drafted 3 (fed back 2), the second caught up one
     # and drafted 1 (its draft stopped early: fed back 1)
-    ms = shaped(C, [0, 1], [4, 2], [2, 1], [2, 1])
+    ms = price(Shape((4, 2), (2, 1), (2, 1), seqs=(0, 1)), C)
     draft = C.ubatch(2, 1, True) + C.ubatch(1, 1, True) + C.ubatch(2, 1, True) + C.ubatch(1, 1, True)
     assert ms == pytest.approx(draft + C.ubatch(2, 2) + C.ubatch(1, 2))
-    assert shaped(C, [0, 1], [4, 4], [1, 1], [2, 2], unified=True) == pytest.approx(
+    assert price(Shape((4, 4), (1, 1), (2, 2), seqs=(0, 1)), C, unified=True) == pytest.approx(
         3 * C.draft(2) + C.verify(2))
 
 
@@ -90,7 +90,7 @@ def test_batch_costs_interpolate_between_counts_and_scale_beyond():
     assert c.verify(2) == pytest.approx(26.667, abs=1e-3) and c.draft(8) == 4.0
     assert BatchCosts((1,), (5.0,), (9.0,)).draft(3) == 0.0  # a lookup has no draft cost
     # gamma 3, all proposing: three draft decodes of 4 rows, one verification of 4 blocks
-    assert c.step_ms(3, n=4, overhead_ms=1.0) == pytest.approx(3 * 3.0 + 40.0 + 1.0)
+    assert c.step_ms(3, n=4) == pytest.approx(3 * 3.0 + 40.0)
     assert c.step_ms(0, n=4) == 16.0 and c.step_ms(3, share=0.0, n=4) == 16.0
     assert c.step_ms(3, share=0.5, n=4) == pytest.approx(9.0 + 20.0 + 8.0)
 
@@ -124,3 +124,31 @@ def test_costs_records_measured_with_sequences_or_as_single_sequence_blocks():
     assert c.verify(4) == pytest.approx(35) and c.draft(4) == pytest.approx(5)
     seq = read({"contexts": [128], "k": 4, "target_ms_by_context": [[10, 12, 14, 16]]}).batch(500, 3, 1)
     assert seq.seqs == (1,) and (seq.plain(1), seq.verify(1)) == (10, 16) and seq.draft_ms == ()
+
+
+def test_a_batch_of_one_prices_as_one_sequence_and_the_overhead_is_per_verified_row():
+    """price takes N as a dimension: one sequence's step costs the same from one sequence's costs (Costs) and
+    from a batch of one (BatchCosts read from the same record); the overhead is per verified row in both, over
+    every sequence's rows in a batch."""
+    from dataclasses import replace
+
+    from harness.costmodel import Costs, Step
+    rec = {"contexts": [128], "target_ms_by_context": [[10.0, 12.0, 14.0, 16.0]], "draft_ms_by_context": [[2.0] * 4],
+           "overhead_ms": 0.5}
+    one, batch = read(rec).costs(128), replace(read(rec).batch(128, 3, 1), overhead_ms_per_row=0.5)
+    step = Step(3, 1, 2, True).shape()
+    assert price(step, one) == pytest.approx(price(step, batch)) == pytest.approx(3 * 2.0 + 16.0 + 4 * 0.5)
+    two = Shape((4, 2), (1, 1), (2, 0))
+    assert price(two, batch) - price(two, replace(batch, overhead_ms_per_row=0.0)) == pytest.approx(6 * 0.5)
+    with pytest.raises(ValueError, match="one sequence"):
+        price(two, Costs([10.0, 12.0, 14.0, 16.0], 2.0))
+
+
+@pytest.mark.parametrize("n, gamma", [(1, 1), (4, 3), (8, 2)])
+def test_the_even_step_in_closed_form_is_the_price_of_its_shape(n, gamma):
+    """BatchCosts.step_ms, an even batch of n sequences drafting gamma each (catch-up one token, gamma - 1 fed
+    back), is price() of that shape, the overhead per verified row included."""
+    from dataclasses import replace
+    c = replace(C, overhead_ms_per_row=0.25, block=gamma + 1)
+    even = Shape((gamma + 1,) * n, (1,) * n, (gamma - 1,) * n)
+    assert price(even, replace(c, draft_catch_up_ms=())) == pytest.approx(c.step_ms(gamma, n=n))

@@ -2,7 +2,7 @@
 counted beside the same plain work timed twice (with the report's line for it)."""
 import pytest
 
-from harness.costmodel import BatchCosts, shaped
+from harness.costmodel import BatchCosts, Shape, price
 from harness.concurrency.figures import _batched, _per_sequence, agreement, gap, shaped_prices
 from harness.report.concurrency import agreement_line
 
@@ -22,10 +22,10 @@ def test_a_batched_runs_steps_are_replayed_from_its_records_and_weighted_by_the_
             step(2, 0, "a", 0, 1, gamma=0)]
     groups = _batched(recs)
     assert [[s["seq"] for s in g] for g in groups] == [[0, 1], [0, 1], [0]]
-    first = 1.0 + shaped(C, [0, 1], [4, 4], [1, 1], [2, 2])
+    first = 1.0 + price(Shape((4, 4), (1, 1), (2, 2), seqs=(0, 1)), C)
     # "a" accepted all three (4 tokens, 2 drafts fed back): its draft catches up 2; "b" rejected: 1
-    second = 1.0 + shaped(C, [0, 1], [4, 4], [2, 1], [2, 2])
-    third = 1.0 + shaped(C, [0], [1], [0], [0])  # a request's last token: nothing drafted
+    second = 1.0 + price(Shape((4, 4), (2, 1), (2, 2), seqs=(0, 1)), C)
+    third = 1.0 + price(Shape((1,), (0,), (0,), seqs=(0,)), C)  # a request's last token: nothing drafted
     assert _per_sequence(groups, shaped_prices(C, groups, False)) == pytest.approx((2 * first + 2 * second + third) / 5)
     assert _batched([{"type": "step", "step": 0}]) is None  # a sequential run's records
 
@@ -43,3 +43,12 @@ def test_the_prediction_is_counted_beside_the_same_plain_work_timed_twice():
     assert "in 1 of 2 row(s)" in line and "agrees within 10% in 1 of 2 (the largest gap 25%)" in line
     assert "a larger `--max-tokens` or `--repeat`" in line
     assert "--max-tokens" not in agreement_line(rows[1:])
+
+
+def test_a_sequential_runs_overhead_is_read_per_verified_row():
+    """The mean-step prediction of a run without batched records charges the loop's overhead per verified row,
+    as the cost model does: 1 + 3 ms over 1 + 4 rows."""
+    from harness.concurrency.figures import _overhead_per_row
+    recs = [{"prompt_id": "a", "step": 0, "proposed": 0, "overhead_ms": 1.0},
+            {"prompt_id": "a", "step": 1, "proposed": 3, "overhead_ms": 3.0}]
+    assert _overhead_per_row(recs) == pytest.approx(4.0 / 5) and _overhead_per_row([]) == 0.0

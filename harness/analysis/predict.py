@@ -35,7 +35,7 @@ def speedup_bound(costs: Costs, gamma: int) -> float:
     """The most any acceptance can give at gamma (at most, for an adaptive gamma): a step emits at most gamma + 1
     tokens and costs at least the verification of gamma + 1 rows and gamma draft decodes, against one plain decode,
     each as measured. A predicted speedup beyond it comes from a plain pace the measured costs cannot have."""
-    plain = price(PLAIN, costs)
+    plain = price(PLAIN.shape(), costs)
     return max((g + 1) * plain / (costs.verify(g + 1) + costs.overhead(g + 1) + g * costs.draft_ms)
                for g in range(1, gamma + 1))
 
@@ -64,14 +64,14 @@ def cost_draws(rec: dict, n: int, key: str) -> dict | None:
 def cost_sd(kinds: Counter, decodes: float, draws: Costs) -> float:
     """The log speedup's spread over cost draws: the plain twins' time (`decodes` plain decodes) over the
     speculative steps' (kinds: {(step, backlog): count}), both priced under every draw."""
-    spec = sum(w * price(s, draws, b) for (s, b), w in kinds.items())
-    x = np.atleast_1d(np.log(decodes * price(PLAIN, draws) / spec))
+    spec = sum(w * price(s.shape(b), draws) for (s, b), w in kinds.items())
+    x = np.atleast_1d(np.log(decodes * price(PLAIN.shape(), draws) / spec))
     return float(x.std(ddof=1)) if x.size > 1 else 0.0
 
 
 def _plain(n: int, eos: bool, costs: Costs) -> np.ndarray:
     """The plain twin: n tokens in n decodes, one more to produce the end of generation."""
-    ms = price(PLAIN, costs)
+    ms = price(PLAIN.shape(), costs)
     return step_matrix([1] * n + [0] * eos, [ms] * (n + eos), None, None, None, None, ms * (n + eos), spec=False)
 
 
@@ -89,7 +89,7 @@ def adaptive_steps(match: list[bool], n: int, max_tokens: int, gamma_max: int, e
             k += 1
         step, ended = replay_step(j, g, k, n, eos)
         ctl.observe([1.0] * step.accepted + [0.0] * step.rejected, g,
-                    price(step, costs, backlog) - costs.verify(g + 1) - costs.overhead(g + 1) if g else None,
+                    price(step.shape(backlog), costs) - costs.verify(g + 1) - costs.overhead(g + 1) if g else None,
                     costs.verify(g + 1))
         steps.append((step, backlog))
         backlog = 0 if g else backlog + 1
@@ -115,7 +115,7 @@ def generation(prompt: dict, rep: dict | None, gamma: int, costs: Costs, exact: 
             sb = adaptive_steps([bool(x) for x in rep["match"]], n, m, gamma, eos, costs)
         else:
             sb = [(s, 0) for s in greedy_steps([bool(x) for x in rep["match"]], n, m, gamma, eos)]
-        steps, ms = [s for s, _ in sb], [price(s, costs, b) for s, b in sb]
+        steps, ms = [s for s, _ in sb], [price(s.shape(b), costs) for s, b in sb]
         # alpha where verification reached: p of the draft's token under llama.cpp's rule, else whether it matched
         reached = _reached(steps, rep.get("alpha", rep["match"])) if rep is not None else [s.accepted for s in steps]
         spec = step_matrix([s.emitted for s in steps], ms, [s.accepted for s in steps], [s.proposed for s in steps],

@@ -107,5 +107,5 @@ def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int,
                 if not ended and j + step.emitted < end:
                     start[j + step.emitted] += p
             reach *= a_k
-    ms = sum(w * price(s, costs) for s, w in kinds.items()) if costs is not None else 0.0
+    ms = sum(w * price(s.shape(), costs) for s, w in kinds.items()) if costs is not None else 0.0
     return out | {"kinds": kinds, "ms": ms}

@@ -1,7 +1,7 @@
 """Figures of concurrent decoding per (configuration, category), from trace records alone: total decode
 throughput, each sequence's, latency per request (mean, p95), acceptance per request, sequences in flight, the
 target's KV cells in use at the peak, and the batched cost model's prediction beside the measured speedup: a
-batched run's steps priced in the shapes their records show (costmodel.shaped).
+batched run's steps priced in the shapes their records show (costmodel.price).
 
 Total throughput is tokens over the time spent in decode steps (prompts' prefill left out, as in tokens/s per
 sequence); at N = 1 that is the sequential loop's own generation time. Latency runs from a request entering its
@@ -9,11 +9,12 @@ slot to its last token, its own prefill included."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import polars as pl
 
-from harness.costmodel import BatchCosts, predicted_speedup, read, shaped
+from harness.costmodel import BatchCosts, Shape, predicted_speedup, price, read
 
 
 def _by(records: list[dict], kind: str) -> dict[tuple, list[dict]]:
@@ -63,11 +64,16 @@ def _decode(gens: list[dict], batches: list[dict], steps: list[dict]) -> dict:
             "requests": len(gens), "slots_used": max((b["slots_used"] for b in batches), default=1)}
 
 
-def _step_overhead(steps: list[dict]) -> float:
-    """Mean overhead per step of the whole batch (each sequence's record repeats its step's shared times)."""
-    seen = {(s.get("repeat"), s["batch_step"]) if "batch_step" in s else (s.get("prompt_id"), s.get("repeat"),
-                                                                          s["step"]): s["overhead_ms"] for s in steps}
-    return float(np.mean(list(seen.values()))) if seen else 0.0
+def _overhead_per_row(steps: list[dict]) -> float:
+    """The loop's overhead per verified row, as the cost model charges it (price.price): each step's overhead
+    counted once (each sequence's record repeats its step's shared times), over the rows its sequences verified."""
+    oh, rows = {}, defaultdict(int)
+    for s in steps:
+        key = (s.get("repeat"), s["batch_step"]) if "batch_step" in s else (s.get("prompt_id"), s.get("repeat"),
+                                                                             s["step"])
+        oh[key] = s["overhead_ms"]
+        rows[key] += s["proposed"] + 1
+    return sum(oh.values()) / sum(rows.values()) if oh else 0.0
 
 
 def _fed(step: dict) -> int:
@@ -76,7 +82,8 @@ def _fed(step: dict) -> int:
 
 
 def shaped_prices(costs: BatchCosts, groups: list[list[dict]], unified: bool, n_ubatch: int = 512) -> list[float]:
-    """Each batched step as it ran, priced (its measured overhead added); each sequence's shapes replayed from its
+    """Each batched step as it ran, priced, its overhead as measured (the step's own, not the model's); each
+    sequence's shapes replayed from its
     records: its block, the draft's catch-up (two tokens after a step that accepted every draft fed back, one
     else: the bonus token the draft never saw) and the drafts fed back (all but the last). A draft dropped for
     --draft-n-min records none, so its decodes go unpriced."""
@@ -89,9 +96,9 @@ def shaped_prices(costs: BatchCosts, groups: list[list[dict]], unified: bool, n_
             last = prev.get(key)
             catch_up.append(0 if s["gamma"] == 0 else max(1, last["emitted"] - _fed(last)) if last else 1)
             prev[key] = s
-        prices.append(recs[0]["overhead_ms"] + shaped(
-            costs, [s["seq"] for s in recs], [1 + s["proposed"] for s in recs], catch_up, [_fed(s) for s in recs],
-            unified, n_ubatch))
+        shape = Shape(tuple(1 + s["proposed"] for s in recs), tuple(catch_up), tuple(_fed(s) for s in recs),
+                      seqs=tuple(s["seq"] for s in recs))
+        prices.append(recs[0]["overhead_ms"] + price(shape, costs, unified, n_ubatch))
     return prices
 
 
@@ -140,8 +147,8 @@ def concurrency_frame(sweep: pl.DataFrame, records: list[dict], paired: list[dic
             share = r["verify_steps"] / r["target_calls"] if r["target_calls"] else 1.0
             groups = _batched(steps[own])
             pred = _per_sequence(groups, shaped_prices(c, groups, bool(r.get("kv_unified")), r.get("ubatch") or 512)) \
-                if groups else c.step_ms(r["gamma"], share=share, n=mine["mean_active"],
-                                         overhead_ms=_step_overhead(steps[own]))
+                if groups else replace(c, overhead_ms_per_row=_overhead_per_row(steps[own])).step_ms(
+                r["gamma"], share=share, n=mine["mean_active"])
             out["predicted"] = predicted_speedup(r["alpha"], r["gamma"], c, share, plain["step_ms"], pred)
             out["predicted_step_ms"] = pred
         rows.append(out)

@@ -26,6 +26,10 @@ class BatchCosts:
     draft_ms: tuple[float, ...] = ()  # each sequence one token, its logits row (none for a lookup)
     block: int = 0  # the tokens per sequence verify_ms was measured with (gamma + 1)
     draft_catch_up_ms: tuple[float, ...] = ()  # the draft, each sequence two tokens (none in older runs)
+    overhead_ms_per_row: float = 0.0  # the loop's own time per verified row, of every sequence (price)
+
+    def overhead(self, rows: float) -> float:
+        return rows * self.overhead_ms_per_row
 
     def _at(self, ys: tuple[float, ...], n: float) -> float:
         if not ys:
@@ -53,16 +57,17 @@ class BatchCosts:
         ms = _line(p, self.verify(m), self.block, t)
         return (self.draft(m) * ms / p if p else 0.0) if draft else ms
 
-    def step_ms(self, gamma: int, alpha: float = 0.0, share: float = 1.0, n: float | None = None,
-                overhead_ms: float = 0.0) -> float:
+    def step_ms(self, gamma: int, alpha: float = 0.0, share: float = 1.0, n: float | None = None) -> float:
         """An even step of n sequences (None: the most it was measured with), a share of whose steps propose
-        (gamma draft decodes, then the verification of every block together); gamma = 0: a plain step. alpha is
-        not used: the even step takes no catch-up after a step that accepted every draft (price.shaped prices
-        the shapes a run's records show, catch-ups included). overhead_ms: the loop's own, per step."""
+        (gamma draft decodes, then the verification of every block together), in closed form; gamma = 0: a plain
+        step. alpha is not used: the even step takes no catch-up after a step that accepted every draft
+        (price.price prices the shapes a run's records show, catch-ups included). The overhead per verified
+        row, as price.price charges it: n rows, and gamma more for each sequence of a step that proposes."""
         n = self.seqs[-1] if n is None else n
         if gamma == 0 or share == 0:
-            return self.plain(n) + overhead_ms
-        return gamma * self.draft(n) + share * self.verify(n) + (1 - share) * self.plain(n) + overhead_ms
+            return self.plain(n) + self.overhead(n)
+        return gamma * self.draft(n) + share * self.verify(n) + (1 - share) * self.plain(n) + \
+            self.overhead(n * (1 + share * gamma))
 
 
 def _line(one: float, block: float, size: int, t: float) -> float:

@@ -1,12 +1,14 @@
 """What a step costs, by its shape: the one place the replay, the adaptive controller, predict, concurrency and
 the estimate price a step. A step's shape: for each sequence in the batch (N of them; the sequential loop's is
 a batch of one), the tokens the draft catches up on, the drafts fed back to it, and the block the target
-verifies. The overhead is the loop's own time: Costs.overhead, per verified row."""
+verifies. The overhead is the loop's own time, charged per verified row of every sequence in the step: the loop
+checks and samples each row in Python, so its time grows with the rows (docs/findings/harness-self-prediction.md);
+Costs.overhead and BatchCosts.overhead both charge it so."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.costmodel.batched import BatchCosts, split
+from harness.costmodel.batched import split
 from harness.costmodel.sequential import expected_tokens
 
 
@@ -22,34 +24,48 @@ class Step:
     def all_accepted(self) -> bool:
         return self.proposed > 0 and self.accepted == self.proposed
 
-
-def price(step: Step, costs, backlog: int = 0) -> float:
-    """A step of one sequence: the draft's proposals (after catching up over `backlog` plain steps; one more
-    token when all were accepted), the verification block, and the overhead of verifying its rows (Costs.overhead).
-    Linear in the costs (sequential.Costs), which may be arrays (draws of them)."""
-    rows, draft = step.proposed + 1, 0.0
-    if step.proposed:
-        draft = costs.catch_up(backlog + 1) - costs.draft_ms + step.proposed * costs.draft_ms
-        if step.all_accepted:
-            draft += costs.catch_up(2) - costs.catch_up(1)
-    return draft + costs.verify(rows) + costs.overhead(rows)
+    def shape(self, backlog: int = 0) -> Shape:
+        """As the replay prices it: the draft catches up over `backlog` plain steps before it proposes, and pays
+        for the bonus token in the step that accepted every draft."""
+        drafting = self.proposed > 0
+        return Shape((self.proposed + 1,), (backlog + 1 if drafting else 0,), (max(self.proposed - 1, 0),),
+                     (self.all_accepted,))
 
 
-def batch_ms(costs: BatchCosts, sizes: list[int], seqs: list[int] | None = None, unified: bool = False,
-             draft: bool = False, n_ubatch: int = 512) -> float:
+def batch_ms(costs, sizes: list[int], seqs: list[int] | None = None, unified: bool = False, draft: bool = False,
+             n_ubatch: int = 512) -> float:
     """One llama_decode of these per-sequence blocks: the sum of its ubatches' prices."""
     return sum(costs.ubatch(m, t, draft) for m, t in split(sizes, seqs, unified, n_ubatch))
 
 
-def shaped(costs: BatchCosts, seqs: list[int], blocks: list[int], catch_up: list[int], fed: list[int],
-           unified: bool = False, n_ubatch: int = 512) -> float:
-    """A step of several sequences as it ran, per sequence in batch order: the draft's catch-up (the tokens its
-    cache lacks, 0 for a sequence not drafting), then one decode per further draft position of the sequences
-    fed that far (fed: drafts fed back), then the target's verification of each block (1 + proposed). The
-    loop's overhead is the caller's: the records time it per step."""
-    drafts = [catch_up, *([int(f >= k) for f in fed] for k in range(1, max(fed, default=0) + 1))]
-    return (sum(batch_ms(costs, d, seqs, unified, True, n_ubatch) for d in drafts)
-            + batch_ms(costs, blocks, seqs, unified, False, n_ubatch))
+@dataclass(frozen=True)
+class Shape:
+    """A step of N sequences (the sequential loop's: N = 1), per sequence in batch order: the block the target
+    verifies (1 + proposed), the tokens the draft catches up on before its first proposal (0: not drafting),
+    the drafts fed back to it after that, and whether its last proposal and the bonus token arrive together
+    (every draft accepted: one token more for the draft, charged to this step; a caller that knows the next
+    step's catch-up charges it there instead)."""
+    blocks: tuple[int, ...]
+    catch_up: tuple[int, ...]
+    fed: tuple[int, ...]
+    bonus: tuple[bool, ...] = ()
+    seqs: tuple[int, ...] | None = None  # the sequences' ids (0, 1, ... if None): llama.cpp splits by them
+
+
+def price(shape: Shape, costs, unified: bool = False, n_ubatch: int = 512) -> float:
+    """What a step of this shape costs: the draft's catch-up decode and one decode per further draft position of
+    the sequences fed that far, the target's verification of every block, each decode priced as llama.cpp
+    splits it (batched.split); then the loop's overhead, per verified row of every sequence (costs.overhead).
+    costs: sequential.Costs (N = 1; which may hold arrays, draws of them) or batched.BatchCosts."""
+    seqs = list(shape.seqs) if shape.seqs is not None else None
+    further = ([int(f >= k) for f in shape.fed] for k in range(1, max(shape.fed, default=0) + 1))
+    drafts = [list(shape.catch_up), *further]
+    ms = sum(batch_ms(costs, d, seqs, unified, True, n_ubatch) for d in drafts)
+    for b in shape.bonus:
+        if b:
+            ms += costs.ubatch(1, 2, True) - costs.ubatch(1, 1, True)
+    rows = sum(shape.blocks)
+    return ms + batch_ms(costs, list(shape.blocks), seqs, unified, False, n_ubatch) + costs.overhead(rows)
 
 
 def predicted_speedup(alpha, gamma: int, costs, share: float = 1.0, plain_ms: float | None = None,

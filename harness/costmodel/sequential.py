@@ -27,6 +27,13 @@ class Costs:
         c = self.draft_curve
         return c[n - 1] if n <= len(c) else c[-1] * n / len(c)
 
+    def ubatch(self, m: int, t: int, draft: bool = False) -> float:
+        """One graph of one sequence and t tokens (price.price's unit): the draft catching up, the target
+        verifying."""
+        if m != 1:
+            raise ValueError("one sequence's costs (Costs) price one sequence: BatchCosts prices several")
+        return self.catch_up(t) if draft else self.verify(t)
+
     def verify(self, k: int) -> float:
         if k > len(self.target_ms):
             require_fits_batch(k - 1)
@@ -47,9 +54,10 @@ class Costs:
         return rows * self.overhead_ms_per_row
 
     def step_ms(self, gamma: int, alpha: float = 0.0, share: float = 1.0) -> float:
-        """A step proposing gamma drafts (0: a plain decode), its expected price at alpha (price.price of each
-        step shape, weighed by how likely it is); share: the fraction of steps that proposed anything (a lookup
-        often finds nothing: those steps decode one token plainly)."""
+        """A step proposing gamma drafts (0: a plain decode) after a step that proposed too: price.price of its
+        shapes (every draft accepted, w.p. alpha^gamma, or not) weighed by their chances, in closed form (alpha
+        may be an array); share: the fraction of steps that proposed anything (a lookup often finds nothing:
+        those steps decode one token plainly)."""
         ms = self.draft_step_ms(gamma, alpha) + self.verify(gamma + 1) + self.overhead(gamma + 1)
         return ms if share == 1.0 else share * ms + (1 - share) * self.step_ms(0)
 
