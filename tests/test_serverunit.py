@@ -49,6 +49,7 @@ def test_lacking_flags():
 
 @pytest.mark.parametrize("draft, more, said", [
     ("ngram:2", {}, "ngram:2 is the harness's own prompt lookup"),
+    ("ngram-foo", {}, "no n-gram type ngram-foo"),
     ("ngram-mod", {"paired": False}, "leave out --no-paired"),
     (D, {"replay": True}, "does not take --replay"),
     ("ngram-mod", {"gamma": "auto"}, "does not take adaptive gamma"),
@@ -162,7 +163,7 @@ def test_bench_engine_server_end_to_end(tmp_path, smol, smol_q2k, fake, monkeypa
     assert check.returncode == 0, check.stderr  # every figure recomputed from the traces, every row as bench writes
 
 
-@pytest.mark.slow  # about 4 min on the 2-core VM (busy): a bench run, real llama-server starts, SmolLM2, 2 prompts
+@pytest.mark.slow  # about 20 s on the 2-core VM (4 min beside other tests): real llama-server starts, 2 prompts
 def test_bench_engine_server_real_llama_server(tmp_path, smol, smol_q2k):
     from harness.crosscheck.binary import native_candidates
     from tests.helpers import harness, only_run

@@ -25,6 +25,8 @@ def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
     for d in plan["instances"]:
         inst = Instance.from_dict(d)
         res = results.get(inst.id, {})
+        # a llama-server unit's (bench.serverunit) peak RSS would be the harness's, not the server's: unknown
+        rss = None if res.get("llama_server") else res.get("peak_rss_bytes")
         rows.append({"config": inst.id, "target": inst.target, "setup": inst.setup, "cache_k": inst.cache_k,
                      "cache_v": inst.cache_v, "flash_attn": inst.flash_attn, "ubatch": inst.ubatch,
                      "draft": str(inst.draft), "draft_label": inst.draft_label,
@@ -33,7 +35,7 @@ def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
                      "policy": inst.policy.label, "ngl": inst.ngl, "ngl_draft": inst.ngl_draft,
                      "threads": inst.threads, "parallel": inst.parallel, "kv_unified": inst.kv_unified,
                      "status": res.get("status", "not run"),
-                     "error": res.get("error", ""), "peak_rss_bytes": res.get("peak_rss_bytes"),
+                     "error": res.get("error", ""), "peak_rss_bytes": rss,
                      "kv_bytes": res.get("kv_bytes"), "kv_bytes_per_position": res.get("kv_bytes_per_position"),
                      "target_bytes": res.get("target_bytes"),
                      "draft_bytes": res.get("draft_bytes")} | memory_columns(res))
