@@ -40,6 +40,15 @@ def smol_q2k() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smol_pair(smol, smol_q2k):
+    """SmolLM2 and its Q2_K as target and draft, one sequence of 512 positions, batches of 64."""
+    from harness.engine import EngineConfig
+    from tests.helpers import engine_pair
+    with engine_pair(smol, smol_q2k, EngineConfig(n_ctx=512, n_batch=64)) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="session")
 def smol_slots(smol, smol_q2k):
     """SmolLM2 and its Q2_K as target and draft, over three sequences of 256 positions each."""
     from harness.engine import Engine, EngineConfig
@@ -110,6 +119,16 @@ def replay_run(tmp_path_factory, smol, smol_q2k) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_run(tmp_path_factory, smol) -> Path:
+    """A finished two-configuration run (the baseline and ngram:2 at gamma 2): what the damage cases copy."""
+    from tests.helpers import FAST, harness, only_run
+    out = tmp_path_factory.mktemp("small")
+    r = harness("bench", *FAST, "--allow-busy", "--out", out)
+    assert r.returncode == 0, r.stderr
+    return only_run(out)
+
+
+@pytest.fixture(scope="session")
 def calibrations(tmp_path_factory, smol, smol_q2k) -> tuple[list[Path], str]:
     """Both models calibrated at 1 thread (the other "machine"), and what `harness calibrate` printed."""
     from tests.helpers import harness
@@ -131,3 +150,25 @@ def fake(tmp_path) -> Path:
     p.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).with_name('fake_llama_server.py')} \"$@\"\n")
     p.chmod(0o755)
     return p
+
+
+# -- the catalog's own places (models.catalog, models.fetch, bench.prepare)
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """HARNESS_MODELS_DIR, HARNESS_CATALOG and HARNESS_PYPI_FIND_LINKS inside tmp_path."""
+    monkeypatch.setenv("HARNESS_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HARNESS_CATALOG", str(tmp_path / "models.toml"))
+    monkeypatch.setenv("HARNESS_PYPI_FIND_LINKS", str(tmp_path / "wheels"))
+    (tmp_path / "wheels").mkdir()
+    return tmp_path
+
+
+@pytest.fixture
+def own_models(tmp_path, smol):
+    """The target and its sidecar in a models directory of the test's own (HARNESS_MODELS_DIR), to change."""
+    import shutil
+    d = tmp_path / "models"
+    d.mkdir()
+    shutil.copy(smol, d / smol.name)
+    shutil.copy(smol.with_name(smol.name + ".json"), d / (smol.name + ".json"))
+    return d

@@ -141,6 +141,30 @@ def engine_pair(target: Path, draft: Path, cfg):
         d.close()
 
 
+CHAT = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+]
+
+
+def chat_requests(engine, n_tokens=32) -> list:
+    """CHAT's prompts, chat-templated for engine, as the loop's requests."""
+    from harness.loop import Request
+    return [Request(f"p{i}", engine.vocab.tokenize(engine.vocab.apply_chat_template([{"role": "user", "content": t}])),
+                    n_tokens) for i, t in enumerate(CHAT)]
+
+
+def result_rows(run: Path) -> list[str]:
+    return (run / "results.jsonl").read_text().splitlines(keepends=True)
+
+
+def change_model(model: Path) -> None:
+    """Another sha256 for a model file, still a loadable GGUF."""
+    with open(model, "ab") as f:
+        f.write(b"\0" * 32)
+
+
 # -- a small bench run's options (the run directory's tests: rundir, bench.run, models.catalog, bench.prepare)
 
 FAST = ("--target", T, "--prompts", str(PROMPT_FILE), "--categories", "code", "--per-category", "1",

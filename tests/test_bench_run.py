@@ -16,8 +16,8 @@ from harness.engine import cache_bytes
 from harness.rundir import trace_files
 from harness.trace import read_records
 from tests.conftest import CATEGORIES, D, POLICIES, PROMPT_FILE, T, gpu_build
-from tests.helpers import (FAST, HARNESS, ROOT, copy_run, diagnostics_md, harness, md_table, one_line_error, only_run,
-                           report_md)
+from tests.helpers import (HARNESS, ROOT, copy_run, diagnostics_md, harness, md_table, one_line_error, only_run,
+                           report_md, result_rows)
 
 def raw(run_dir: Path) -> list[dict]:
     """The records of a run's own traces (not its side runs'), plain or gzipped."""
@@ -196,17 +196,6 @@ def test_ctrl_c_keeps_what_finished(tmp_path, smol):
 
 
 # -- a run whose every unit failed, and a signal to bench (a small run of their own)
-@pytest.fixture(scope="module")
-def small_run(tmp_path_factory, smol) -> Path:
-    """A finished two-configuration run (the baseline and ngram:2 at gamma 2): what the damage cases copy."""
-    out = tmp_path_factory.mktemp("small")
-    r = harness("bench", *FAST, "--allow-busy", "--out", out)
-    assert r.returncode == 0, r.stderr
-    return only_run(out)
-
-
-def _rows(run: Path) -> list[str]:
-    return (run / "results.jsonl").read_text().splitlines(keepends=True)
 
 
 def test_a_run_whose_every_configuration_failed_reports_each_error_and_exits_non_zero(small_run, tmp_path):
@@ -220,7 +209,7 @@ def test_a_run_whose_every_configuration_failed_reports_each_error_and_exits_non
         f.mkdir()
     r = harness("bench", "--resume", run, "--allow-busy")
     one_line_error(r, "every unit of the run failed (2;", "says why")
-    rows = [json.loads(x) for x in _rows(run)]
+    rows = [json.loads(x) for x in result_rows(run)]
     assert rows and all(x["status"] == "error" for x in rows), rows
     md = report_md(run)
     assert all(x["error"] in md for x in rows), md
@@ -247,9 +236,9 @@ def test_a_signal_stops_the_worker_and_keeps_what_finished(tmp_path, smol, sig):
     assert p.returncode == 128 + sig, err
     assert "Traceback" not in err and "--resume" in err and sig.name in err, err
     run = only_run(out)
-    rows = _rows(run)
+    rows = result_rows(run)
     time.sleep(3)  # an orphaned worker would append its row now
-    assert _rows(run) == rows and 1 <= len(rows) < 4
+    assert result_rows(run) == rows and 1 <= len(rows) < 4
     assert (out / f"{run.name}.md").exists()
 
 

@@ -2,12 +2,11 @@
 prompts' cached state too) and after them, pooled; `harness calibrate`'s table and its refusal before loading."""
 import pytest
 
-from harness.engine import EngineConfig
-from harness.loop import Request, generate
+from harness.loop import generate
 from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
 from tests.conftest import T
-from tests.helpers import engine_pair, harness, one_line_error
+from tests.helpers import chat_requests, harness, one_line_error
 
 
 def test_two_moments_pool_their_repetitions():
@@ -90,33 +89,13 @@ def test_calibrate_prints_its_table_and_where_it_saved(calibrations):
 
 
 # -- the costs measured in the worker (calibrate.in_situ), on SmolLM2
-PROMPTS = [
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain in two sentences why the sky is blue.",
-    "List three uses of a paperclip.",
-]
-CFG = EngineConfig(n_ctx=512, n_batch=64)
 
 
-@pytest.fixture(scope="module")
-def engines(smol, smol_q2k):
-    with engine_pair(smol, smol_q2k, CFG) as pair:
-        yield pair
-
-
-def requests(engine, n_tokens=32):
-    out = []
-    for i, text in enumerate(PROMPTS):
-        toks = engine.vocab.tokenize(engine.vocab.apply_chat_template([{"role": "user", "content": text}]))
-        out.append(Request(f"p{i}", toks, n_tokens))
-    return out
-
-
-def test_costs_measured_in_the_worker(engines):
+def test_costs_measured_in_the_worker(smol_pair):
     """calibrate.in_situ: the target's blocks with all logits, the draft's with the last row's only."""
     from harness.calibrate import in_situ
-    target, draft = engines
-    tokens = requests(target)[0].tokens
+    target, draft = smol_pair
+    tokens = chat_requests(target)[0].tokens
     rec = in_situ(target, draft, tokens, k_max=3, contexts=(16, 48), reps=2)
     assert rec["type"] == "costs" and rec["contexts"] == [16, 48] and rec["k"] == 3
     for role in ("target_ms_by_context", "draft_ms_by_context"):  # k = 1..3 after each context
@@ -127,24 +106,24 @@ def test_costs_measured_in_the_worker(engines):
 
 
 @pytest.mark.slow  # 9-24 s on the 2-core VM under other processes' load (its blocks run to 49 tokens)
-def test_a_long_blocks_costs_are_timed_at_a_few_sizes(engines):
+def test_a_long_blocks_costs_are_timed_at_a_few_sizes(smol_pair):
     """An n-gram type's blocks of up to 49 tokens (n-max 48; this fixture's batch holds 64): 11 sizes timed, every
     k read."""
     from harness.calibrate import block_sizes, in_situ
-    target, _ = engines
-    rec = in_situ(target, None, requests(target)[0].tokens, k_max=49, contexts=(80,), reps=1)
+    target, _ = smol_pair
+    rec = in_situ(target, None, chat_requests(target)[0].tokens, k_max=49, contexts=(80,), reps=1)
     assert rec["ks"] == block_sizes(49) and len(rec["target_times_by_context"][0]) == 11
     (ms,) = rec["target_ms_by_context"]
     assert len(ms) == 49 and all(v > 0 for v in ms) and target.n_past == 0
 
 
-def test_costs_start_from_the_prompts_cached_state(engines, tmp_path):
+def test_costs_start_from_the_prompts_cached_state(smol_pair, tmp_path):
     """calibrate.in_situ with the run's prompt cache: each context starts from the longest prompt that fits, as
     the loop evaluates it (all but its last token), which the generation then restores."""
     from harness.calibrate import in_situ
     from harness.promptcache import PromptCache
-    target, draft = engines
-    reqs = requests(target)
+    target, draft = smol_pair
+    reqs = chat_requests(target)
     cache = PromptCache(tmp_path)
     starts = [r.tokens[:-1] for r in reqs]
     short, long = sorted(len(x) for x in starts)[0], max(len(x) for x in starts)

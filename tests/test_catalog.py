@@ -2,7 +2,6 @@
 is no longer the one verified under its name."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -10,20 +9,12 @@ import pytest
 from harness.errors import HarnessError
 from harness.models.catalog import load_catalog, resolve
 from tests.conftest import T
-from tests.helpers import FAST, harness, one_line_error, tiny_gguf_bytes
+from tests.helpers import FAST, change_model, harness, one_line_error, tiny_gguf_bytes
 
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    """HARNESS_MODELS_DIR, HARNESS_CATALOG and HARNESS_PYPI_FIND_LINKS inside tmp_path."""
-    monkeypatch.setenv("HARNESS_MODELS_DIR", str(tmp_path / "models"))
-    monkeypatch.setenv("HARNESS_CATALOG", str(tmp_path / "models.toml"))
-    monkeypatch.setenv("HARNESS_PYPI_FIND_LINKS", str(tmp_path / "wheels"))
-    (tmp_path / "wheels").mkdir()
-    return tmp_path
 
 
 # ---------------------------------------------------------------- catalog parsing
@@ -121,26 +112,13 @@ def test_resolve_unknown_and_path(env, tmp_path):
 
 
 # -- a model file that is no longer the one verified under its name
-@pytest.fixture
-def own_models(tmp_path, smol):
-    """The target and its sidecar in a models directory of the test's own (HARNESS_MODELS_DIR), to change."""
-    d = tmp_path / "models"
-    d.mkdir()
-    shutil.copy(smol, d / smol.name)
-    shutil.copy(smol.with_name(smol.name + ".json"), d / (smol.name + ".json"))
-    return d
-
-
-def _change(model: Path) -> None:
-    with open(model, "ab") as f:  # still a loadable GGUF, another sha256
-        f.write(b"\0" * 32)
 
 
 def test_run_refuses_a_model_file_that_differs_from_its_verified_sidecar(own_models, tmp_path):
     env = {"HARNESS_MODELS_DIR": str(own_models), "HARNESS_CATALOG": str(ROOT / "models.toml")}
     args = ("run", T, "--prompt", "hi", "--max-tokens", "2", "--draft", "ngram:2")
     assert harness(*args, env=env).returncode == 0  # copied: mtime moved, same sha256; the sidecar is updated
-    _change(own_models / f"{T}.gguf")
+    change_model(own_models / f"{T}.gguf")
     one_line_error(harness(*args, env=env), T, "not the file that was verified", f"harness models fetch {T}")
     one_line_error(harness("bench", *FAST, "--allow-busy", "--out", tmp_path / "o", env=env),
                    "not the file that was verified")

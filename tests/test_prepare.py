@@ -17,8 +17,8 @@ from harness.errors import HarnessError
 from harness.rundir import trace_files
 from harness.trace import read_records
 from tests.conftest import D, PROMPT_FILE, T
-from tests.helpers import (FAST, ROOT, calibration as _calibration, copy_run, diagnostics_md, harness, one_line_error,
-                           only_run)
+from tests.helpers import (FAST, ROOT, calibration as _calibration, change_model, copy_run, diagnostics_md, harness,
+                           one_line_error, only_run)
 
 
 def test_resume_after_a_prompt_changed_under_its_id_is_refused(tmp_path):
@@ -171,19 +171,6 @@ def test_bench_finds_calibrations_under_out_then_reports(elsewhere):
 
 
 # -- a model file that changed under its catalog name
-@pytest.fixture
-def own_models(tmp_path, smol):
-    """The target and its sidecar in a models directory of the test's own (HARNESS_MODELS_DIR), to change."""
-    d = tmp_path / "models"
-    d.mkdir()
-    shutil.copy(smol, d / smol.name)
-    shutil.copy(smol.with_name(smol.name + ".json"), d / (smol.name + ".json"))
-    return d
-
-
-def _change(model: Path) -> None:
-    with open(model, "ab") as f:  # still a loadable GGUF, another sha256
-        f.write(b"\0" * 32)
 
 
 @pytest.mark.slow  # a model copied and hashed: 14 s
@@ -194,7 +181,7 @@ def test_resume_refuses_a_model_file_other_than_the_plans(own_models, tmp_path):
     assert harness("bench", *FAST, "--allow-busy", "--out", out, env=env).returncode == 0
     run = only_run(out)
     model = own_models / f"{T}.gguf"
-    _change(model)
+    change_model(model)
     mark_verified(model, sha256_file(model))  # swapped and verified: the sidecar agrees, the plan does not
     one_line_error(harness("bench", "--resume", run, "--allow-busy", env=env), T, "not the file this run started with")
 

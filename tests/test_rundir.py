@@ -24,7 +24,7 @@ from harness.specs import NoDraft
 from harness.rundir import (RUN_SCHEMA, drop_unreadable, finished, load_records, new_run_dir, noise_records, read_plan,
                             record_result, repair_results, rows_problems, trace_file, traces_missing)
 from harness.trace import compress
-from tests.helpers import FAST, HARNESS, ROOT, copy_run, harness, one_line_error, only_run
+from tests.helpers import HARNESS, ROOT, copy_run, harness, one_line_error, result_rows
 
 
 def _plan(**over) -> dict:
@@ -197,24 +197,13 @@ def test_drop_unreadable_writes_only_when_a_line_goes(tmp_path, monkeypatch):
 
 
 # -- run directories under stress: a small run of their own, copied, then locked or damaged
-@pytest.fixture(scope="module")
-def small_run(tmp_path_factory, smol) -> Path:
-    """A finished two-configuration run (the baseline and ngram:2 at gamma 2): what the damage cases copy."""
-    out = tmp_path_factory.mktemp("small")
-    r = harness("bench", *FAST, "--allow-busy", "--out", out)
-    assert r.returncode == 0, r.stderr
-    return only_run(out)
-
-
-def _rows(run: Path) -> list[str]:
-    return (run / "results.jsonl").read_text().splitlines(keepends=True)
 
 
 # -- two benches of one run --------------------------------------------------------------------------------
 
 def test_a_run_another_process_holds_is_refused(small_run, tmp_path):
     run = copy_run(small_run, tmp_path)
-    rows = _rows(run)
+    rows = result_rows(run)
     holder = subprocess.Popen(["sleep", "60"])  # the pid the lock file names
     fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT)
     try:
@@ -227,7 +216,7 @@ def test_a_run_another_process_holds_is_refused(small_run, tmp_path):
         os.close(fd)
         holder.kill()
         holder.wait()
-    assert _rows(run) == rows  # nothing written
+    assert result_rows(run) == rows  # nothing written
     r = harness("bench", "--resume", run, "--allow-busy")  # free again: resumes (nothing to run)
     assert r.returncode == 0 and "0 unit(s) to run" in r.stderr, r.stderr
 
@@ -247,14 +236,14 @@ def test_two_resumes_at_once_run_each_unit_once(small_run, tmp_path):
     codes = sorted(p.returncode for p in ps)
     assert codes == [0, 1], errs
     assert any("another harness process" in e for e in errs), errs
-    assert len(_rows(run)) == 2  # each configuration once
+    assert len(result_rows(run)) == 2  # each configuration once
     assert harness("report", run, "--check").returncode == 0
 
 
 # -- a configuration without its row or trace, or with two rows --------------------------------------------
 
 def _dup_row(run):
-    rows = _rows(run)
+    rows = result_rows(run)
     (run / "results.jsonl").write_text("".join(rows + rows[:1]))
 
 
@@ -264,7 +253,7 @@ def _drop_trace(run):
 
 
 def _cut_row(run):
-    rows = _rows(run)
+    rows = result_rows(run)
     (run / "results.jsonl").write_text(rows[0][: len(rows[0]) // 2] + "\n" + "".join(rows[1:]))
 
 
