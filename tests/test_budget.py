@@ -69,6 +69,25 @@ def test_where_the_floors_do_not_fit_the_further_sweeps_go_and_the_rest_is_plann
     assert kept.params.also == also and kept.record()["fits"]
 
 
+def test_the_main_sweeps_sampled_policies_go_before_the_further_sweeps():
+    """Two policies: the main sweep costs twice what its greedy part does. Where greedy alone fits beside the
+    further sweep, the sampled policy goes and the further sweep (the default's F16 target) stays."""
+    also = [{"target": ["t16"], "temp": [0.0]}]
+
+    def with_also(q: Params) -> float:
+        return cost(q) * len(q.temp) + cost(q) * len(q.also)
+    p = replace(DEFAULT, temp=[0.0, 0.7], also=also, budget_min=95)  # floors 3 x 37 min; greedy's 2 x 39 fit 80.75
+    f = fit(p, with_also, 10, 32)
+    assert f.params.also == also and f.params.temp == [0.0] and f.record()["fits"]
+    assert [(c.param, c.before, c.after) for c in f.cuts] == [("temp", [0.0, 0.7], [0.0]), ("max_tokens", 32, 16)]
+    assert budget_line(f.record()) == (
+        "budget 95 min (fitted to 85% of it): estimated 213.0 min as asked; cut temperatures 0.0,0.7 -> 0.0 (the "
+        "further sweeps kept: --budget-min 131 keeps them), max tokens 32 -> 16: now about 78.0 min")
+    # where greedy alone does not fit beside them either, they go and both policies stay
+    f = fit(replace(p, budget_min=60), with_also, 10, 32)
+    assert f.params.also == [] and f.params.temp == [0.0, 0.7] and [c.param for c in f.cuts][0] == "also"
+
+
 def test_a_category_of_ten_prompts_or_fewer_keeps_all_and_a_short_run_is_not_cut():
     f = fit(replace(DEFAULT, max_tokens=12, gamma=[1, 2], replay_gamma=3, budget_min=1), cost, 10, 32)
     assert not f.cuts and f.params.per_category == 0

@@ -3,9 +3,11 @@ budget, cut, in this order: the tokens per generation (not below 16), the gammas
 4), the timed subset (not below one prompt per category), the prompts per category (not below 10; a category
 with fewer keeps all). Each is halved at a time until the run fits or it reaches its floor, so a run is cut no
 more than it must be, to values that recur from one machine to the next. Prompts go last of these: the verdicts
-rest on them. Where even those floors do not fit, the further sweeps (`also`) are dropped whole and the cuts
-planned again without them: on an Intel Xeon VM at 11 tok/s, the default profile's F16 sweep alone cost more
-than half the floors' 21 minutes. What still does not fit runs anyway, and says so. The run is fitted to PLANNED
+rest on them. Where even those floors do not fit, the main sweep keeps its coolest policy only (greedy) and the
+cuts are planned again, so that the further sweeps (`also`: the default's F16 target, the one configuration that
+speculates on a CPU) stay; where that does not fit either, they are dropped whole and the cuts planned again
+without them, with every policy: on an Intel Xeon VM at 11 tok/s, the default profile's F16 sweep alone cost
+more than half the floors' 21 minutes. What still does not fit runs anyway, and says so. The run is fitted to PLANNED
 of the budget, not all of it: the estimate has come out up to 18% low (on Intel Xeon VMs, 17.6 min estimated
 against 20.8 taken, and 16.8 against 20.5 before the probe timed each block size; 16.3 against 17.3 after).
 
@@ -83,9 +85,18 @@ def fit(params: Params, cost: Callable[[Params], float], largest_category: int, 
     first = _halved(params, cost, largest_category, own_max_tokens)
     if not params.also or first.estimate_after_s <= (params.budget_min or 0) * 60 * PLANNED:
         return first
+    keep = first.estimate_after_s / PLANNED / 60  # the budget at which the floors would have fitted with them
+    coolest = min(params.temp)
+    if len(params.temp) > 1:  # the further sweeps decide the answer more often (F16, where a CPU speculates)
+        one = _halved(replace(params, temp=[coolest]), cost, largest_category, own_max_tokens)
+        if one.estimate_after_s <= params.budget_min * 60 * PLANNED:
+            drop = Cut("temp", params.temp, [coolest], first.estimate_before_s, one.estimate_before_s,
+                       f"the further sweeps kept: cut to their floors with every policy, estimated "
+                       f"{first.estimate_after_s / 60:.1f} min, over {params.budget_min * PLANNED:.1f} min",
+                       f"--budget-min {math.ceil(keep)} keeps them")
+            return replace(one, estimate_before_s=first.estimate_before_s, cuts=(drop, *one.cuts))
     alone = replace(params, also=[])
     rest = _halved(alone, cost, largest_category, own_max_tokens)
-    keep = first.estimate_after_s / PLANNED / 60  # the budget at which the floors would have fitted with them
     drop = Cut("also", [_sweep(a) for a in params.also], [], first.estimate_before_s, rest.estimate_before_s,
                f"cut to their floors, estimated {first.estimate_after_s / 60:.1f} min, over "
                f"{params.budget_min * PLANNED:.1f} min ({PLANNED:.0%} of the {params.budget_min:g} min budget)",

@@ -213,7 +213,7 @@ def until_confident(plan: dict, verdicts: pl.DataFrame | None) -> list[str]:
 
 BUDGET_LABELS = {"max_tokens": "max tokens", "replay_gamma": "replay gamma", "gamma": "gammas",
                  "timed_subset": "timed subset", "per_category": "prompts per category",
-                 "also": "further sweeps"}
+                 "also": "further sweeps", "temp": "temperatures"}
 
 
 def budget_line(rec: dict | None, took: dict | None = None) -> str | None:
@@ -230,8 +230,9 @@ def budget_line(rec: dict | None, took: dict | None = None) -> str | None:
         return head + ("" if rec["fits"] else ", and nothing can be cut: running anyway") + ran
     said = [[",".join(map(str, v)) if isinstance(v, list) else str(v) for v in (c["before"], c["after"])]
             for c in rec["cuts"]]
-    cuts = ", ".join(f"{BUDGET_LABELS[c['param']]} {a} -> {b}" if c["param"] != "also" else
-                     f"the further sweeps ({'; '.join(c['before'])}: {c['hint']})"
+    cuts = ", ".join(f"the further sweeps ({'; '.join(c['before'])}: {c['hint']})" if c["param"] == "also" else
+                     f"{BUDGET_LABELS[c['param']]} {a} -> {b} (the further sweeps kept: {c['hint']})"
+                     if c["param"] == "temp" else f"{BUDGET_LABELS[c['param']]} {a} -> {b}"
                      for c, (a, b) in zip(rec["cuts"], said))
     return (f"{head}; cut {cuts}: now about {now:.1f} min" if rec["fits"] else
             f"{head}; cut {cuts}: still about {now:.1f} min, and nothing more can be cut: running anyway") + ran
