@@ -138,8 +138,14 @@ def test_failures_are_one_line_error_rows(tmp_path, smol, fake, monkeypatch, env
 
 
 def test_missing_binary_is_one_line(tmp_path, smol):
+    from tests.helpers import harness
     _, _, row = run_unit(tmp_path, server_params(tmp_path / "nowhere" / "llama-server"))
     assert row["status"] == "error" and "no such file" in row["error"]
+    r = harness("bench", "--engine", "server", "--llama-server", tmp_path / "nowhere" / "llama-server", "--target", T,
+                "--draft", "ngram-mod", "--prompts", PROMPT_FILE, "--categories", "code", "--per-category", "1",
+                "--max-tokens", "4", "--out", tmp_path / "out", "--allow-busy")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "no such file" in r.stderr, r.stderr
+    assert not (tmp_path / "out" / "runs").exists()  # refused before any run directory
 
 
 @pytest.mark.slow  # about 100 s on the 2-core VM: a whole bench run (probes, three units, the drift check)

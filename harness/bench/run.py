@@ -74,6 +74,9 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
                            "to resume it")
     first = [by_id[i] for i in rounds[0]]
     skipped = preflight(instances, first, skip_unsupported, params.max_tokens, params.n_ctx)
+    if params.engine == "server":  # no llama-server to run: one line before any run directory is made
+        from harness.bench.serverunit import server_binary
+        server_binary(params)
     idle = noise.idle_check(params.busy_threshold, allow_busy)  # before anything is timed, calibration included
     figures = Figures()  # each model's probe, timed once, and the prompts' lengths: what the estimates start from
     if not resume:

@@ -81,12 +81,17 @@ def run_server_unit(inst: Instance, round_: int, prompts: list, params: Params, 
     return finished(run_dir)[unit_id(inst.id, round_)]
 
 
+def server_binary(params: Params) -> tuple[Path, str]:
+    """The llama-server the run measures in and its version line; one line where there is none."""
+    binary = binary_mod.find(params.llama_server or None)
+    return binary, binary_mod.version(binary)
+
+
 def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path, on_start) -> dict:
     from harness.loop import check_fits
     from harness.trace import TraceWriter, discard
     t0 = time.perf_counter()
-    binary = binary_mod.find(params.llama_server or None)
-    version = binary_mod.version(binary)
+    binary, version = server_binary(params)
     c = command(inst, params)
     missing = lacking(c.spec + c.plain, known_flags(binary))
     if missing:
