@@ -163,7 +163,8 @@ def drafts(target, paths, as_json):
                                  "context (llama-server's -np); --n-ctx is shared among them (default 1).")
 @click.option("--kv-unified", help="Comma list of off, on: the sequences' KV in one buffer (llama-server's -kvu).")
 @click.option("--categories", help="Comma list of prompt categories.")
-@click.option("--prompts", help="Comma list of prompt JSONL files (instead of prompts/<category>.jsonl).")
+@click.option("--prompts", help="Comma list of prompt files: the harness's JSONL, chat JSONL ({\"messages\": ...}) or "
+              "ShareGPT JSON (instead of prompts/<category>.jsonl).")
 @click.option("--per-category", type=int, help="Prompts per category (0 = all).")
 @click.option("--max-tokens", type=int, help="Tokens per generation (default: each prompt's own).")
 @click.option("--repeat", type=int, help="Times every prompt runs (default 1); sampled repeats draw afresh.")

@@ -7,6 +7,7 @@ from harness import llamangram
 from harness.drafting import Drafting
 from harness.engine import Engine, EngineConfig
 from harness.llamacpp import require_offload
+from harness.models.arch import require_rollback
 from harness.models.catalog import Model, require_present, resolve
 from harness.promptcache import PromptCache
 from harness.proposers import DraftModelProposer, EachSequence, NgramProposer
@@ -40,9 +41,12 @@ def open_pair(target_ref: str, draft: DraftSpec, cfg: EngineConfig, draft_cfg: E
     require_offload(cfg.n_gpu_layers, "--ngl")
     dm, alignment, ngram = None, None, draft.ngram
     if draft.model:
-        from harness.align import require_aligned
         dm = resolve(draft.model)
         require_present(dm)
+    if not draft.plain:  # a rejected draft is rolled back, in both models
+        require_rollback({m.name: m.path for m in (tm, dm) if m})
+    if dm:
+        from harness.align import require_aligned
         require_offload(draft_cfg.n_gpu_layers, "--ngl-draft")
         if check_alignment:
             alignment = require_aligned(tm.path, dm.path, check_texts)

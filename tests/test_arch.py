@@ -169,6 +169,13 @@ def test_bench_refuses_in_one_line_before_any_model_loads(files, tmp_path, role,
     assert r.returncode == 1 and not (tmp_path / "reports").exists()
 
 
+def test_run_refuses_a_hybrid_target_with_a_draft_in_one_line_before_it_loads(files):
+    """harness run goes through pair.open_pair, which refuses what the loop cannot roll back; plain decoding rolls
+    nothing back, so only a run with a draft is refused."""
+    one_line_error(harness("run", files["hybrid"], "--draft", "ngram:3", "--prompt", "hi"), "qwen3next",
+                   "cannot be rolled back")
+
+
 # -- where the facts are shown ----------------------------------------------------------------------------------
 def test_drafts_shows_the_targets_architecture(files, tmp_path):
     (tmp_path / "none").mkdir()
