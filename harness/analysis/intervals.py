@@ -143,9 +143,6 @@ def row_intervals(row: Row, key: str, reps: int = REPLICATES, level: float = LEV
             continue
         log = name == "speedup"
         se = float(np.std(np.log(b) if log else b, ddof=1))
-        if n == 1 and se == 0:  # one prompt of one-step generations (llama-server's totals): no spread to draw on
-            out |= {name: x, f"{name}_lo": None, f"{name}_hi": None, f"{name}_se": None}
-            continue
         lo, hi = interval(x, se, n, level, log)
         if not log:  # rates in [0, 1]; the mean accepted length is only bounded below
             lo, hi = max(lo, 0.0), (min(hi, 1.0) if name != "mean_accepted_len" else hi)

@@ -87,9 +87,12 @@ def _machine(plan: dict, rel: Path) -> list[str]:
     lines += [f"- {b}" for b in [sections.budget_line(plan.get("budget"), plan.get("took_s"))] if b]
     lines += [f"- command: `{plan.get('command', '')}`", f"- raw traces: `{(rel / 'traces').as_posix()}` (one JSONL "
               "per configuration; every figure here is computed from them: `harness report RUN_DIR --check`)", ""]
-    rows = [[n, m["quant"], mib(m["bytes"]) if m["bytes"] else "", words(m["arch"]) if m.get("arch") else "",
-             m["sha256"][:12], m["note"]] for n, m in sorted(plan.get("models", {}).items())]
-    return lines + ["### Models", "", table(rows, ["model", "quant", "size", "architecture", "sha256", "note"]), ""]
+    models = sorted(plan.get("models", {}).items())
+    arch = any(m.get("arch") for _, m in models)  # runs from before the facts were read keep their layout
+    rows = [[n, m["quant"], mib(m["bytes"]) if m["bytes"] else "", *([words(m["arch"]) if m.get("arch") else ""]
+             if arch else []), m["sha256"][:12], m["note"]] for n, m in models]
+    head = ["model", "quant", "size", *(["architecture"] if arch else []), "sha256", "note"]
+    return lines + ["### Models", "", table(rows, head), ""]
 
 
 def _failures(data: dict[str, pl.DataFrame]) -> list[str]:

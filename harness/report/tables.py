@@ -161,8 +161,11 @@ def measured(run_dir: Path, cfg: pl.DataFrame, units: set[str]) -> dict | None:
     floor = metrics.timing_floor(steps.filter(pl.col("config").is_in(single)) if len(steps) else steps, p_steps)
     sweep = sweep.join(row_intervals(steps, gens, p_steps, p_gens, cfg, metrics.pace_spread(floor)), on=keys,
                        how="left")
-    if server:  # what only the steps could say stays unknown
+    if server:  # what only the steps could say stays unknown, and one prompt's totals have no spread to draw on
         sweep = sweep.with_columns(pl.lit(None, sweep.schema[c]).alias(c) for c in PER_STEP if c in sweep.columns)
+        spread = [c for c in sweep.columns if c.endswith(("_lo", "_hi", "_se"))]
+        sweep = sweep.with_columns(pl.when(pl.col("prompts") == 1).then(None).otherwise(pl.col(c)).alias(c)
+                                   for c in spread)
     return {"sweep": sweep, "records": records, "p_records": p_records, "gens": gens, "p_gens": p_gens,
             "timing_floor": floor}
 
