@@ -66,10 +66,7 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
             tw.close()
         if costs and UNIT not in keep:
             measure()
-        if inst.parallel > 1:
-            run_batches(inst, pair, [r for _, r in requests], files, params.repeat, check, plain_ref)
-        else:
-            run_sequential(inst, pair, requests, files, params.repeat, run_dir, check, plain_ref, keep)
+        run_generations(inst, pair, requests, files, params.repeat, run_dir, check, plain_ref, keep)
         if costs:  # and again after the generations: calibrate.unit_costs pools the two, as the replay's are
             measure()
         kv = pair.target.kv_bytes() + (pair.draft_engine.kv_bytes() if pair.draft_engine else 0)
@@ -87,65 +84,46 @@ def run_instance(inst: Instance, round_: int, prompts: list, params: Params, run
         pair.close()
 
 
-def run_sequential(inst: Instance, pair, requests: list, files: dict, repeat: int, run_dir: Path, check: bool,
-                   plain_ref: dict, keep: set) -> None:
-    """One request at a time, but those in keep (finished before an interruption); with a paired twin,
-    alternating which of the two goes first, in the same order as though none had been kept."""
-    from harness.loop import generate
+def run_generations(inst: Instance, pair, requests: list, files: dict, repeat: int, run_dir: Path, check: bool,
+                    plain_ref: dict, keep: set) -> None:
+    """Through the loop in groups: one request at a time (but those in keep, finished before an interruption), or
+    inst.parallel at a time over a category's requests (a batch holds one workload). With a paired twin, each
+    group's plain run beside its speculative one, alternating which goes first, in the same order as though none
+    had been kept."""
+    from harness.loop import generate, generate_concurrent
     from harness.trace import TraceWriter
-    controllers = {}
-    pol, n = inst.policy, 0
-    for rep in range(repeat):
+    pol, n, controllers = inst.policy, 0, {}
+    if inst.parallel == 1:
+        groups = [(pr.category, [req]) for pr, req in requests]
+    else:
+        by_cat: dict[str, list] = {}
         for pr, req in requests:
-            if (pr.id, rep) in keep:
+            by_cat.setdefault(pr.category, []).append(req)
+        groups = list(by_cat.items())
+    for rep in range(repeat):
+        for cat, reqs in groups:
+            one = reqs[0] if inst.parallel == 1 else None
+            if one and (one.prompt_id, rep) in keep:
                 n += 1
                 continue
-            req = replace(req, repeat=rep)  # its random streams (loop.streams)
-            gamma = inst.gamma
-            if inst.adaptive:
-                if pr.category not in controllers:
-                    ctx = len(req.tokens) + req.max_tokens / 2
-                    controllers[pr.category] = adaptive_controller(inst, pair, run_dir, ctx)
-                gamma = controllers[pr.category]
-            modes = list(files) if n % 2 == 0 else list(reversed(files))
-            n += 1
-            traces = {}
-            for mode in modes:
-                traces[mode] = tw = TraceWriter(files[mode], keep=check, config=inst.id, mode=mode,
-                                                category=pr.category, prompt_id=pr.id, repeat=rep)
-                spec = mode == "speculative"
-                generate(pair.target, req, pol, pair.proposer if spec else None, gamma if spec else 0, tw, mode,
-                         inst.verify, pair.prompt_cache)
-            if check:
-                plain = traces["baseline"].records[-1]["tokens"] if "baseline" in traces \
-                    else plain_ref.get((pr.id, rep))
-                if plain is not None:
-                    record_divergence(pair.target, req.tokens, traces["speculative"], plain)
-            for tw in traces.values():
-                tw.close()
-
-
-def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, check: bool, plain_ref: dict) -> None:
-    """inst.parallel requests at a time, each category's apart (a batch holds one workload); with a paired twin,
-    the category's plain batch beside its speculative one, alternating which goes first."""
-    from harness.loop import generate_concurrent
-    from harness.trace import TraceWriter
-    by_cat: dict[str, list] = {}
-    for r in requests:
-        by_cat.setdefault(r.category, []).append(r)
-    pol, n = inst.policy, 0
-    for rep in range(repeat):
-        for cat, reqs in by_cat.items():
             reqs = [replace(r, repeat=rep) for r in reqs]  # their random streams (loop.streams)
+            gamma = inst.gamma
+            if inst.adaptive:  # one request at a time (plan.check_parallel)
+                if cat not in controllers:
+                    ctx = len(reqs[0].tokens) + reqs[0].max_tokens / 2
+                    controllers[cat] = adaptive_controller(inst, pair, run_dir, ctx)
+                gamma = controllers[cat]
             modes = list(files) if n % 2 == 0 else list(reversed(files))
             n += 1
             traces = {}
             for mode in modes:
                 traces[mode] = tw = TraceWriter(files[mode], keep=check, config=inst.id, mode=mode, category=cat,
-                                                repeat=rep)
-                spec = mode == "speculative"
-                generate_concurrent(pair.target, reqs, pol, inst.parallel, pair.proposer if spec else None,
-                                    inst.gamma if spec else 0, tw, mode, inst.verify)
+                                                repeat=rep, **({"prompt_id": one.prompt_id} if one else {}))
+                prop, g = (pair.proposer, gamma) if mode == "speculative" else (None, 0)
+                if one:
+                    generate(pair.target, reqs[0], pol, prop, g, tw, mode, inst.verify, pair.prompt_cache)
+                else:
+                    generate_concurrent(pair.target, reqs, pol, inst.parallel, prop, g, tw, mode, inst.verify)
             if check:
                 for req in reqs:
                     mine = {m: [r for r in t.records if r.get("prompt_id") == req.prompt_id] for m, t in traces.items()}
@@ -153,7 +131,7 @@ def run_batches(inst: Instance, pair, requests: list, files: dict, repeat: int, 
                     # configuration's output alone is replayed one sequence at a time
                     plain = mine["baseline"][-1]["tokens"] if "baseline" in mine \
                         else plain_ref.get((req.prompt_id, rep))
-                    others = [r["active"] - 1 for r in mine.get("baseline", []) if r["type"] == "step"]
+                    others = [r.get("active", 1) - 1 for r in mine.get("baseline", []) if r["type"] == "step"]
                     if plain is not None:
                         record_divergence(pair.target, req.tokens, traces["speculative"], plain, mine["speculative"],
                                           others)
@@ -173,13 +151,11 @@ def plain_outputs(run_dir: Path, inst: Instance, round_: int) -> dict[tuple[str,
 
 
 def record_divergence(target, prompt: list[int], spec_trace, plain: list[int],
-                      records: list[dict] | None = None, plain_others: list[int] | None = None) -> None:
+                      records: list[dict], plain_others: list[int]) -> None:
     """Where a greedy speculative output left plain decoding, re-evaluate the target there both ways (harness.
     divergence) and append what was found to the speculative trace. records: the generation's own (its steps,
-    then its generation record), where the trace holds several generations; plain_others: how many other
-    sequences shared each plain step."""
+    then its generation record); plain_others: how many other sequences shared each plain step."""
     from harness.divergence import blocks, kernel_check
-    records = records or spec_trace.records
     gen = [r for r in records if r.get("type") == "generation"][-1]
     found = kernel_check(target, prompt, gen["tokens"], blocks(records), plain, plain_others)
     if found is not None:
