@@ -193,7 +193,11 @@ def test_kv_unified_through_the_command_line_dry_run(tmp_path, smol, smol_q2k):
     r = harness(*args, "--kv-unified", "off,on")
     # parallel 1: baseline and draft; parallel 2: both with a KV buffer per sequence, and both unified
     assert r.returncode == 0 and "6 configurations x" in r.stderr, r.stderr
+    assert "prompt cache" not in r.stderr
     one_line_error(harness(*args, "--kv-unified", "yes"), "--kv-unified takes on, off")
+    # the prompt cache serves one request at a time: a sweep with several says so, and why
+    r = harness(*args, "--prompt-cache")
+    assert r.returncode == 0 and "prompt cache: for one request at a time only" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args, words", [

@@ -87,6 +87,9 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             by_id, rounds = {p.id: p for p in pool}, [[p.id for p in first]]
         if line := budget_line(fitted.record()):
             click.echo(line, err=True)
+        if params.prompt_cache and any(i.parallel > 1 for i in instances):
+            click.echo("prompt cache: for one request at a time only; with several, a prompt's evaluation stalls the "
+                       "others' steps, which their throughput measures", err=True)
         if dry_run:
             _dry_run(instances, skipped, first, params, fitted, figures)
             return None
