@@ -245,6 +245,8 @@ def _run(target, requests, policy, n_parallel, proposer, gamma, trace, mode, rul
             tokens += len(s.out)
             gens.append(_generation(target, s, mode, n_parallel, s4, solo=not batch))
             trace.write(gens[-1])
+    if not batch:
+        return gens[-1], None
     wall_ms = (time.perf_counter() - t_start - instr_total) * 1e3
     perf = target.perf()
     rec = {"type": "batch", "mode": mode, "parallel": n_parallel, "requests": len(requests),
@@ -253,9 +255,8 @@ def _run(target, requests, policy, n_parallel, proposer, gamma, trace, mode, rul
            "tokens_per_s": tokens / (wall_ms - prefill_ms) * 1e3 if wall_ms > prefill_ms else 0.0,
            "mean_active": float(np.mean(busy)) if busy else 0.0, "peak_positions": peak,
            "llama_eval_ms": perf["eval_ms"], "llama_n_eval": perf["n_eval"]}
-    if batch:
-        trace.write(rec)
-    return gens[-1] if gens else None, rec
+    trace.write(rec)
+    return None, rec
 
 
 def _enter(target: Engine, req: Request, seq: int, policy: Policy, slots: SlotProposer | None,
