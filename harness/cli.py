@@ -128,7 +128,7 @@ def drafts(target, paths, as_json):
     """Which GGUFs in PATHs (default: models/ and llama.cpp's, LM Studio's, Ollama's folders) can draft for TARGET:
     llama-server's rule, the harness's check, size, rank."""
     from harness.align import check_pair
-    from harness.models.drafts import drafts_command
+    from harness.models.draftstable import drafts_command
     say(drafts_command(target, list(paths), as_json, check_pair))
 
 

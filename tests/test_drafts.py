@@ -20,7 +20,7 @@ from tests.helpers import harness, one_line_error
 from tests.tiny_gguf import build_tokenizer, write_tiny_model
 
 from harness.errors import HarnessError
-from harness.models import drafts, header
+from harness.models import drafts, draftstable, header
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -143,7 +143,7 @@ def test_vocab_defaults_follow_llama_vocab_cpp(tmp_path):
 def test_skipped_with_a_count_not_fatal(headers_only):
     kinds = {Path(k["path"]).name: k["kind"] for k in headers_only["skipped"]}
     assert kinds == {"junk.gguf": "not GGUF", "truncated.gguf": "truncated"}
-    text = drafts.format_survey(headers_only)
+    text = draftstable.format_survey(headers_only)
     assert "skipped 1 not GGUF, 1 truncated" in text
 
 
