@@ -184,14 +184,14 @@ def _run(target, requests, policy, n_parallel, proposer, gamma, trace, mode, rul
     target.reset()
     if slots:
         slots.reset()
-    target.perf_reset()
+    target.perf_reset()  # llama.cpp's own decode time: the batch's, or the one generation's record
     t_start = time.perf_counter()
     step = tokens = peak = 0
     instr_total = prefill_ms = 0.0
     busy = []  # active sequences per step
     while queue or active:
         while queue and free:  # a free slot takes the next request: its prompt, then it joins the next step
-            s = _enter(target, queue.pop(0), free.pop(0), policy, slots, cache, solo=not batch)
+            s = _enter(target, queue.pop(0), free.pop(0), policy, slots, cache)
             if ctl:
                 ctl.begin()
             prefill_ms += (s.prompt_ms or 0.0) + (s.draft_prefill_ms or 0.0)
@@ -260,12 +260,10 @@ def _run(target, requests, policy, n_parallel, proposer, gamma, trace, mode, rul
 
 
 def _enter(target: Engine, req: Request, seq: int, policy: Policy, slots: SlotProposer | None,
-           cache: PromptCache | None, solo: bool) -> Seq:
+           cache: PromptCache | None) -> Seq:
     """The request's prompt (all but its last token) into sequence seq of the target, and of the proposer's."""
     rng, draft_rng = streams(policy, req)
     s = Seq(req, seq, rng, draft_rng, time.perf_counter(), list(req.tokens))
-    if solo:  # llama.cpp's own decode time, per generation
-        target.perf_reset()
     target.seq_trim(seq, 0)
     s.prompt_ms = timed(cache, lambda: evaluate_prompt(target, s.ctx[:-1], cache, seq))
     if slots:

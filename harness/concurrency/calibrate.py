@@ -18,8 +18,7 @@ def sequence_counts(n: int) -> list[int]:
 def _prefill(e: Engine, text: list[int], n: int) -> None:
     e.reset()
     for s in range(n):
-        for i in range(0, len(text), e.cfg.n_batch):
-            e.decode_rows([(s, i + j, t, False) for j, t in enumerate(text[i:i + e.cfg.n_batch])])
+        e.prefill(text, s)
 
 
 def _time(e: Engine, context: int, block: list[int], counts: list[int], reps: int) -> list[float]:
