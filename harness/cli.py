@@ -202,7 +202,9 @@ def drafts(target, paths, as_json):
 @click.option("--rerun-busy", is_flag=True, help="With --resume: measure again what ran on a busy machine.")
 @click.option("--engine", help="Who generates: harness (its own loop, the default) or server (llama-server, one "
               "server per configuration; docs/usage.md).")
-@click.option("--llama-server", help="With --engine server: the llama-server to run (default: make native's).")
+@click.option("--llama-server", help="The llama-server --engine server and --server-check run (default: make native's).")
+@click.option("--server-check", type=int, help="Run each answer's configuration in llama-server too (its own type and "
+              "flags, speculative and plain), on the category's first N prompts.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, the time estimate and what the budget cut, then stop "
                                               "(probes each model's prompt and decode costs; runs nothing else).")
 def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_run, **opts):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SPECULATE
-from harness.crosscheck import stats
+from harness.analysis import serverstats as stats
 from harness.crosscheck.checks import server_args
 from tests.helpers import copy_run, harness, one_line_error
 
@@ -278,7 +278,7 @@ def test_a_server_reporting_no_measurement_stores_nothing(smoke, fake, timings, 
 
 def test_stored_rows_that_are_no_measurement_are_dropped(tmp_path, capsys):
     """Rows stored before such answers were refused are not kept as finished: each is dropped, saying why."""
-    from harness.crosscheck import output
+    from harness.report import llamaserver as output
     from harness.crosscheck.run import kept_rows
     good = {"key": "a", "category": "code", "policy": "greedy", "configuration": "ngram:2 γ 3",
             "prompts": [{"id": "code-01", "plain": GOOD, "speculative": GOOD}]}

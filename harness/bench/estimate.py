@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.bench.probe import REPS, Figures, Probe
 from harness.instance import Instance
 from harness.plan import Params
+from harness.report.llamaserver import JSON
 
 ALPHA_GUESS = 0.6  # acceptance assumed for the estimate; the sweep measures the real one
 # Measured on the 2-core Xeon VM, page cache warm: a spawned worker up to its first model (the interpreter, the
@@ -276,6 +277,26 @@ def fidelity_ms(params: Params, prompts: list, fig: Figures, ledger: Ledger) -> 
     return ms
 
 
+def server_check_ms(instances: list[Instance], prompts: list, params: Params, fig: Figures) -> float:
+    """--server-check (bench.confirm): per plain baseline (target and policy) and category, one configuration in
+    llama-server and its plain twin, each a server started for it (a model load) evaluating and generating the
+    category's first N prompts, no prompt cache. A speculative server is priced as the plain one (what it gains
+    or loses is what it measures)."""
+    from harness.bench.subset import first_prompts
+    ms = 0.0
+    for b in instances:
+        if not b.baseline:
+            continue
+        cfg = b.engine_config(params.n_ctx)
+        pr = fig.probe(b.target, cfg.resolved_threads(), b.ngl)
+        for ps in first_prompts(prompts, params.server_check).values():
+            tokens = sum(params.max_tokens or p.max_tokens for p in ps)
+            one = sum(pr.prompt(fig.tokens(b.target, p)) for p in ps) + \
+                tokens * pr.decode(_context(b.target, ps, params, fig)) + (WORKER_S + pr.load_s) * 1000
+            ms += 2 * one
+    return ms
+
+
 def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict,
                     prompts: list, params: Params, run_dir: Path | None, plan: dict, fig: Figures) -> dict[str, float]:
     """Seconds for what is left of a run, by part, in the order the run goes: the units to run
@@ -301,6 +322,8 @@ def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Inst
         done = finished(run_dir / DRIFT_DIR) if run_dir else {}
         parts["drift check"] = sum(unit_ms(i, 0, prompts, params, run_dir, fig, ledger) for i in live
                                    if i.baseline and done.get(i.id, {}).get("status") != "ok")
+    if params.server_check and not (run_dir and (run_dir / JSON).exists()):
+        parts["llama-server check"] = server_check_ms(live, prompts, params, fig)
     return {k: v / 1000 for k, v in parts.items()} | {"worker starts and model loads": ledger.load_ms / 1000,
                                                       "reports": REPORT_S}
 

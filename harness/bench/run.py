@@ -20,6 +20,7 @@ from harness.bench.estimate import Weights, remaining_parts, remaining_s, units_
 from harness.bench.probe import Figures
 from harness.bench.prepare import check_out, models_info, preflight, prepare_calibrations, same_models, same_prompts
 from harness.bench.rounds import next_round, open_categories
+from harness.bench.confirm import server_check
 from harness.bench.units import Unit, retime_busy, retime_busy_replays, run_replays, run_units
 from harness.errors import HarnessError
 from harness.instance import Instance
@@ -177,6 +178,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         if not params.timed_subset:  # the timed subset is paired; its baselines ran on every prompt
             part("drift check", _closing_baselines, instances, skipped, first, params, run_dir, weights)
         part("fidelity", _target_fidelity, params, first, run_dir)
+        if params.server_check:  # the answers, now final, in llama-server
+            part("llama-server check", server_check, params, run_dir, plan, lambda: left_s("llama-server check"))
     except KeyboardInterrupt as e:
         from harness.procs import Terminated
         if params.until_confident:

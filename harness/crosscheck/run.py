@@ -4,16 +4,19 @@ write each finished configuration at once, then the table."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import click
 
 from harness.crosscheck import binary as binary_mod
-from harness.crosscheck import output
+from harness.report import llamaserver as output
 from harness.crosscheck.checks import Check, checks
 from harness.crosscheck.server import Server, free_port, require_free
-from harness.crosscheck.stats import fault, figures, row_fault, same_outputs
+from harness.analysis.serverstats import fault, figures, row_fault, same_outputs
 from harness.errors import HarnessError
+
+UNMEASURED = "not measured within the run's budget (harness crosscheck RUN measures it)"
 
 
 def payload(tokens: list[int], max_tokens: int, pol) -> dict:
@@ -85,6 +88,58 @@ def kept_rows(run_dir: Path) -> list[dict]:
     return out
 
 
+def measure_checks(run_dir: Path, found: list[Check], old: list[dict], binary: Path, version: str,
+                   port: int | None, start_timeout: float, request_timeout: float, keep_going: bool = False,
+                   time_left=None) -> tuple[list[dict], int]:
+    """Measure each check not already in `old` (crosscheck.json's rows), saving the file after each. keep_going:
+    a check that fails is a row saying why and the next one runs (bench), else the error stops it all (with what
+    finished kept). time_left(): seconds left to spend, or None; a check starts only where the mean time of those
+    measured so far fits (the first where any is left), the rest are rows saying they were not measured."""
+    done = {r["key"]: r for r in old if not r.get("skip")}
+    rows: list[dict] = []
+    measured, spent = 0, []
+    for c in found:
+        where = f"{c.answer['category']}, {c.answer['policy']}: {c.answer['configuration']}"
+        if c.skip:
+            rows.append(base_row(c) | {"key": f"skip-{c.answer['category']}-{c.answer['policy']}-"
+                                              f"{getattr(c.inst, 'id', '')}", "skip": c.skip})
+            continue
+        if c.key in done:
+            rows.append(done[c.key])
+            click.echo(f"crosscheck: {where}: kept from {output.JSON}", err=True)
+            continue
+        left = time_left() if time_left else None
+        if left is not None and left < (sum(spent) / len(spent) if spent else 0.0):
+            rows.append(base_row(c) | {"key": f"later-{c.key}", "skip": UNMEASURED})
+            continue
+        click.echo(f"crosscheck: {where} ({c.answer['verdict']}), {len(c.prompts)} prompt(s), plain and "
+                   "speculative", err=True)
+        t0 = time.monotonic()
+        try:
+            prompts = measure(binary, c, port or free_port(), run_dir / output.LOGS, start_timeout,
+                              request_timeout, plain_first=measured % 2 == 0)
+        except HarnessError as e:
+            if not keep_going:
+                kept = len([r for r in rows if not r.get("skip")])
+                raise HarnessError(f"{e} ({kept} configuration(s) finished and kept in {run_dir / output.JSON}: "
+                                   "run crosscheck again to go on)", e.exit_code) from None
+            click.echo(f"crosscheck: {where}: {e}", err=True)
+            rows.append(base_row(c) | {"key": f"failed-{c.key}", "skip": f"failed: {e}"})
+            continue
+        finally:
+            spent.append(time.monotonic() - t0)
+        measured += 1
+        rows.append(base_row(c) | {
+            "key": c.key, "tool": version, "binary": str(binary), "speculative_command": c.spec_args,
+            "plain_command": c.plain_args, "prompts": prompts,
+            "llama": figures(prompts, c.answer["verdict"], c.answer["min_gain"])
+            | {"same_output": list(same_outputs(prompts))}})
+        output.save(run_dir, output.merge(old, rows))
+        output.write_md(run_dir, rows)
+    output.save(run_dir, output.merge(old, rows))
+    return rows, measured
+
+
 def crosscheck_command(run_dir: Path, llama_server: str | None = None, port: int | None = None,
                        only: str = "all", per_category: int = 0, start_timeout: float = 300.0,
                        request_timeout: float = 600.0, redo: bool = False) -> str:
@@ -103,38 +158,10 @@ def crosscheck_command(run_dir: Path, llama_server: str | None = None, port: int
         require_free(port)
     found, _plan = checks(run_dir, only, per_category)
     old = [] if redo else kept_rows(run_dir)
-    done = {r["key"]: r for r in old if not r.get("skip")}
-    rows: list[dict] = []
-    measured = 0
     with stop_on_signals():
-        for c in found:
-            if c.skip:
-                rows.append(base_row(c) | {"key": f"skip-{c.answer['category']}-{c.answer['policy']}-"
-                                                  f"{getattr(c.inst, 'id', '')}", "skip": c.skip})
-                continue
-            if c.key in done:
-                rows.append(done[c.key])
-                click.echo(f"crosscheck: {c.answer['category']}, {c.answer['policy']}: "
-                           f"{c.answer['configuration']}: kept from {output.JSON}", err=True)
-                continue
-            click.echo(f"crosscheck: {c.answer['category']}, {c.answer['policy']}: {c.answer['configuration']} "
-                       f"({c.answer['verdict']}), {len(c.prompts)} prompt(s), plain and speculative", err=True)
-            try:
-                prompts = measure(binary, c, port or free_port(), run_dir / output.LOGS, start_timeout,
-                                  request_timeout, plain_first=measured % 2 == 0)
-            except HarnessError as e:
-                kept = len([r for r in rows if not r.get("skip")])
-                raise HarnessError(f"{e} ({kept} configuration(s) finished and kept in {run_dir / output.JSON}: "
-                                   "run crosscheck again to go on)", e.exit_code) from None
-            measured += 1
-            rows.append(base_row(c) | {
-                "key": c.key, "tool": version, "binary": str(binary), "speculative_command": c.spec_args,
-                "plain_command": c.plain_args, "prompts": prompts,
-                "llama": figures(prompts, c.answer["verdict"], c.answer["min_gain"])
-                | {"same_output": list(same_outputs(prompts))}})
-            output.save(run_dir, output.merge(old, rows))
-            output.write_md(run_dir, rows)
-    output.save(run_dir, output.merge(old, rows))
+        rows, measured = measure_checks(run_dir, found, old, binary, version, port, start_timeout, request_timeout)
     md = output.write_md(run_dir, rows)
+    from harness.report import write_reports
+    write_reports(run_dir)  # the answer shows llama-server's figures beside its own
     return "\n".join([*output.summary(rows), f"{measured} configuration(s) measured now; written to {md} and "
                       f"{run_dir / output.JSON}"])

@@ -29,7 +29,7 @@ import click
 from harness.analysis.verdict import MIN_GAIN, NO_GAIN, PLAIN, SPECULATE
 from harness.crosscheck import binary as binary_mod
 from harness.crosscheck.server import HOST, Server, free_port
-from harness.crosscheck.stats import acceptance, reading, same_outputs, speedup
+from harness.analysis.serverstats import acceptance, reading, same_outputs, speedup
 from harness.errors import HarnessError
 
 # llama-server's speculative flags, from its --help ("speculative params", the draft's KV cache types, the lookup

@@ -31,6 +31,7 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
     if replay is not None and len(replay):
         timed = {} if v is None or not len(v) else {tuple(r[k] for k in GROUP): r for r in v.iter_rows(named=True)}
         out = []
+        server = data.get("llama_server")
         for r in replay.iter_rows(named=True):
             a, ran = _predicted(r, data["replay"], by_id, n_ctx)
             check = confirmation(r | ran)  # of the configuration its commands run
@@ -46,10 +47,25 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
             else:
                 out.append(_answer(r | {"verdict": INCONCLUSIVE, "further": None}, "", None,
                                    "predicted from every prompt", n_ctx, pl.DataFrame()) | {"check": said})
-        return out
+        return [_in_server(a, server) for a in out]
     if v is None or not len(v):
         return []
-    return [_timed(r, by_id, n_ctx, sweep) | {"check": ""} for r in v.iter_rows(named=True)]
+    return [_in_server(_timed(r, by_id, n_ctx, sweep) | {"check": ""}, data.get("llama_server"))
+            for r in v.iter_rows(named=True)]
+
+
+SERVER_KEYS = ("server_flags", "server_speedup", "server_lo", "server_hi", "server_acceptance", "server_reading",
+               "server_holds", "server_prompts", "server_same", "server_compared", "server_skip")
+
+
+def _in_server(a: dict, server: pl.DataFrame | None) -> dict:
+    """The answer with its configuration's figures as measured in llama-server (crosscheck.json's row of the same
+    configuration and category), None each where it was not."""
+    inst = a.get("instance")
+    rows = server.filter((pl.col("config") == inst.id) & (pl.col("category") == a["category"])) \
+        if server is not None and inst is not None else None
+    x = rows.row(0, named=True) if rows is not None and len(rows) else {}
+    return a | {k: x.get(k) for k in SERVER_KEYS}
 
 
 def _predicted(r: dict, pred: pl.DataFrame, by_id: dict, n_ctx: int) -> tuple[dict, dict]:
@@ -138,10 +154,11 @@ def rests_on(a: dict) -> str:
     return f"{a['source']}" + (f"; timed check: {check}" if check else "")
 
 
-def section(rows: list[dict], models: dict | None = None) -> list[str]:
+def section(rows: list[dict], models: dict | None = None, server: str = "") -> list[str]:
     """The first lines of the report: the answer per group (answers), in words, each "speculate" with its
-    llama-server command (how_to_run gives the others); beside it, what each target's architecture (plan.json's
-    `models`, models.arch) means for the answer."""
+    llama-server command (how_to_run gives the others) and, where it ran there, its figures in llama-server;
+    beside it, what each target's architecture (plan.json's `models`, models.arch) means for the answer. server:
+    a line on the llama-server check as a whole (where it ran, or why it did not)."""
     if not rows:
         return []
     vary = [k for k in VARY if len({r[k] for r in rows}) > 1]
@@ -152,10 +169,29 @@ def section(rows: list[dict], models: dict | None = None) -> list[str]:
     said = [" ".join([f"The target {t}: {words(f)}.", *implications(f)])
             for t in dict.fromkeys(r["target"] for r in rows) if (f := (models or {}).get(t, {}).get("arch"))]
     lines += [" ".join(said), ""] if said else []
+    lines += [server, ""] if server else []
     for r in rows:
         lines.append(f"- {_where(r, vary)}{sentence(r)}")
+        if said := in_server(r):
+            lines.append(f"  {said}")
         lines += [f"  {x}" for x in _how(r, SERVER)]
     return lines + [""]
+
+
+def in_server(a: dict) -> str:
+    """The answer's configuration as llama-server ran it: its type and flags, speedup with interval, acceptance,
+    outputs compared, and whether the verdict holds there (report.llamaserver's rule); or why it did not run."""
+    if a.get("server_skip"):
+        return f"In llama-server: not measured: {a['server_skip']}."
+    if a.get("server_prompts") is None:
+        return ""
+    acc = "nothing drafted" if a["server_acceptance"] is None else f"{a['server_acceptance']:.0%} of drafts accepted"
+    same = f", {a['server_same']}/{a['server_compared']} outputs equal to plain" if a["server_compared"] else ""
+    holds = a["server_holds"]
+    verdict = f"the verdict {holds}" if holds not in (None, "-") else \
+        f"llama-server's interval alone says {a['server_reading']}"
+    return (f"In llama-server (`{a['server_flags']}`, {a['server_prompts']} prompt(s)): "
+            f"{ci(a['server_speedup'], a['server_lo'], a['server_hi'], unit='x')}, {acc}{same}; {verdict}.")
 
 
 def how_to_run(rows: list[dict]) -> list[str]:

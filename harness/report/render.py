@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.models.arch import words
-from harness.report import answer, concurrency, replayed, sections
+from harness.report import answer, concurrency, llamaserver, replayed, sections
 from harness.report.diagnostics import DIAGNOSTICS
 from harness.report.fmt import contents, mib, table
 from harness.rundir import read_plan
@@ -32,7 +32,8 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
         # (the timed ones check them, in the diagnostics), else the timed ones
         rows = answer.answers(data, plan)
         memory, memory_detail = sections.memory(sweep)
-        first += answer.section(rows, plan.get("models", {})) + _verdict_plot(run_dir, rel) + (
+        first += answer.section(rows, plan.get("models", {}), _server_line(run_dir, plan, rel)) + \
+            _verdict_plot(run_dir, rel) + (
             replayed.verdict_table(data) or sections.timed_verdicts(data.get("verdicts"))) + memory
         body = answer.how_to_run(rows) + _how_verdicts(data, plan) + replayed.sections(data, plan) + \
             sections.until_confident(plan, data.get("verdicts")) + concurrency.section(data, run_dir, rel) + \
@@ -43,6 +44,17 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
               "against its own timings, the timing floor, machine noise and drift, output equivalence) and every "
               "timed row")
     return "\n".join(first + contents(first, body, checks) + body)
+
+
+def _server_line(run_dir: Path, plan: dict, rel: Path) -> str:
+    """The llama-server check in one line: what ran and where its table is, or why it did not run."""
+    why = (plan.get("server_check") or {}).get("not_run")
+    if why:
+        return f"Not run in llama-server (`--server-check`): {why}"
+    if not (run_dir / llamaserver.JSON).exists():
+        return ""
+    return (f"Each answer's configuration also ran in llama-server, as its command gives it, beside its plain twin "
+            f"on the same prompts ([{llamaserver.MD}]({(rel / llamaserver.MD).as_posix()}): the table and its rule).")
 
 
 def _how_verdicts(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:

@@ -12,6 +12,7 @@ from harness.analysis.evidence import generation_steps, intervals_frame, row_evi
 from harness.concurrency.figures import concurrency_frame
 from harness.instance import Instance
 from harness.plan import Params, prompt_pool
+from harness.report import llamaserver
 from harness.report.costs import cost_model
 from harness.report.verdicts import LEVEL_BASELINE, noise_frame, replay_levels, verdicts, verdicts_frame
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records,
@@ -101,6 +102,9 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
         out["concurrency"] = conc
     out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg, own_costs, out["noise"])
     out["timing_floor"] = m["timing_floor"]
+    server = llamaserver.frame(run_dir)  # the answers measured in llama-server (crosscheck, bench's check)
+    if server is not None:
+        out["llama_server"] = server
     return out
 
 

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.crosscheck.stats import CONTRADICTED, HOLDS, NOT_CHECKED, UNSETTLED
+from harness.analysis.serverstats import CONTRADICTED, HOLDS, NOT_CHECKED, UNSETTLED
 from harness.report.fmt import ci, pct_ci, table
 
 JSON, MD = "crosscheck.json", "crosscheck.md"
@@ -113,3 +113,27 @@ def write_md(run_dir: Path, rows: list[dict]) -> Path:
     with naming(path, run=run_dir):
         path.write_text("\n".join(section(rows, run_dir.name, heading="# Verdicts in llama.cpp")))
     return path
+
+
+def frame(run_dir: Path):
+    """crosscheck.json's rows as the answer reads them, one per configuration and category: where, the config
+    id, llama-server's flags of its speculative type (--spec-*), its figures, or why it was not measured. None
+    where the run has no such file."""
+    import polars as pl
+    rows = load(run_dir)
+    if not rows:
+        return None
+    out = []
+    for r in rows:
+        x = r.get("llama") or {}
+        flags = r.get("speculative_command") or []
+        spec = " ".join(f for i, f in enumerate(flags) if f.startswith("--spec-") or
+                        (i and flags[i - 1].startswith("--spec-") and not f.startswith("-")))
+        same = x.get("same_output") or [None, None]
+        out.append({k: r.get(k) for k in (*VARY, "category", "policy", "config")}
+                   | {"server_flags": spec, "server_speedup": x.get("speedup"), "server_lo": x.get("lo"),
+                      "server_hi": x.get("hi"), "server_acceptance": x.get("acceptance"),
+                      "server_reading": x.get("reading"), "server_holds": x.get("holds"),
+                      "server_prompts": x.get("prompts"), "server_same": same[0], "server_compared": same[1],
+                      "server_skip": r.get("skip") or None})
+    return pl.DataFrame(out, infer_schema_length=None)

@@ -1,0 +1,70 @@
+"""bench.confirm (`--server-check N`): a run's answers measured in llama-server inside the run, on a copy of the
+session's timed run with the fake llama-server (tests/fake_llama_server.py); the budget, a failing server and a
+missing one; and the report's line under each answer."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.analysis.verdict import SPECULATE
+from harness.bench.confirm import server_check
+from harness.crosscheck.run import UNMEASURED
+from harness.plan import Params
+from harness.report import write_reports
+from harness.rundir import read_plan
+from tests.helpers import copy_run
+
+
+@pytest.fixture
+def run(timed_run, tmp_path) -> Path:
+    return copy_run(timed_run, tmp_path)
+
+
+def rows(run: Path) -> list[dict]:
+    return json.loads((run / "crosscheck.json").read_text())["rows"]
+
+
+def report(run: Path) -> str:
+    return write_reports(run).read_text()
+
+
+def test_every_answer_runs_in_llama_server_and_the_answer_shows_it(run, fake):
+    """Every answer's configuration is measured, speculate answers first; under each answer of the report, its
+    llama-server flags, speedup with interval, acceptance and outputs compared."""
+    server_check(Params(server_check=2, llama_server=str(fake)), run, read_plan(run))
+    got = rows(run)
+    assert len(got) == 4 and all(r.get("llama") for r in got)
+    first = [r["verdict"] == SPECULATE for r in got]
+    assert first == sorted(first, reverse=True)  # speculate answers before the others
+    assert all(len(r["prompts"]) == 2 for r in got)
+    md = report(run)
+    answer = md.split("## The answer", 1)[1].split("\n## ", 1)[0]
+    assert answer.count("In llama-server (`--spec-type ") == 4
+    assert "1.5" in answer and "outputs equal to plain" in answer and "crosscheck.md" in answer
+
+
+def test_the_budget_stops_the_check_and_the_report_says_what_was_left(run, fake):
+    left = iter([100.0, 0.0, 0.0, 0.0])
+    server_check(Params(server_check=1, llama_server=str(fake)), run, read_plan(run), lambda: next(left))
+    got = rows(run)
+    assert sum(bool(r.get("llama")) for r in got) == 1
+    assert [r["skip"] for r in got if not r.get("llama")] == [UNMEASURED] * 3
+    assert report(run).count("In llama-server: not measured: not measured within the run's budget") == 3
+
+
+def test_a_failing_server_leaves_a_row_and_the_check_goes_on(run, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_SERVER_MODE", "exit")
+    server_check(Params(server_check=1, llama_server=str(fake)), run, read_plan(run))  # no exception
+    got = rows(run)
+    assert len(got) == 4 and all(r["skip"].startswith("failed: ") and "exited with code 3" in r["skip"] for r in got)
+
+
+def test_without_a_llama_server_the_run_and_its_report_say_so(run, tmp_path, capsys):
+    plan = read_plan(run)
+    server_check(Params(server_check=1, llama_server=str(tmp_path / "none" / "llama-server")), run, plan)
+    assert "llama-server check: not run:" in capsys.readouterr().err
+    assert read_plan(run)["server_check"]["not_run"]
+    assert not (run / "crosscheck.json").exists()
+    assert "Not run in llama-server (`--server-check`):" in report(run)
