@@ -202,7 +202,8 @@ def drafts(target, paths, as_json):
 @click.option("--rerun-busy", is_flag=True, help="With --resume: measure again what ran on a busy machine.")
 @click.option("--engine", help="Who generates: harness (its own loop, the default) or server (llama-server, one "
               "server per configuration; docs/usage.md).")
-@click.option("--llama-server", help="The llama-server --engine server and --server-check run (default: make native's).")
+@click.option("--llama-server", help="The llama-server that --engine server and --server-check run (default: make "
+              "native's).")
 @click.option("--server-check", type=int, help="Run each answer's configuration in llama-server too (its own type and "
               "flags, speculative and plain), on the category's first N prompts.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, the time estimate and what the budget cut, then stop "
@@ -384,6 +385,8 @@ def crosscheck(run_dir, **opts):
 @click.option("--start-timeout", type=float, default=300.0, show_default=True, help="Seconds a server may take to "
                                                                                      "load and answer /health.")
 @click.option("--request-timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
+@click.option("--synth", type=int, default=0, help="Then N synthetic acceptance lengths (llama-server's "
+              "--spec-synth-len): the acceptance at which the command's type pays here.")
 def server_check(command, **opts):
     """Is speculation running in COMMAND, your own llama-server command line? Runs it and its --spec-type none twin
     on a category's prompts: whether it drafts, what it accepts and gains (95% interval). Exit 2: it drafts nothing."""

@@ -15,6 +15,8 @@ wrapper script the test writes, given as --llama-server), and told what to do by
 - FAKE_SERVER_LACKS: a comma list of flags that `--help` leaves out of llama.cpp 0.3.36's (tests/data's list),
   as an older build would.
 - FAKE_SERVER_DIVERGE: a speculating server's output token ids differ from the plain one's from this position.
+- --spec-synth-len L (synthetic acceptance): the speculative server runs at 0.6 + 0.4 (L - 1) times plain, times
+  factor(n_prompt), and accepts (L - 1) / 3 of its 12 drafted tokens (a longest draft of 3).
 
 Timings: plain predicted_ms = (n - 1) * (2 + n_prompt % 7); the speculative server's rate is the plain one's times
 speedup * factor(n_prompt), factor = 1 + 0.02 * (n_prompt % 5 - 2), so each prompt's pair has a known ratio.
@@ -30,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 ARGV = sys.argv[1:]
 TYPES = [t for k, a in enumerate(ARGV[:-1]) if a == "--spec-type" for t in ARGV[k + 1].split(",")]
 SPEC = bool(TYPES) and "none" not in TYPES
+SYNTH = float(ARGV[ARGV.index("--spec-synth-len") + 1]) if "--spec-synth-len" in ARGV else None
 STARTED = time.monotonic()
 
 
@@ -44,6 +47,9 @@ def timings(n_prompt: int, n: int) -> dict:
         return t | {"predicted_ms": float(plain_ms)}
     if os.environ.get("FAKE_SERVER_DRAFTS") == "none":
         return t | {"predicted_ms": plain_ms / 0.99, "draft_n": 0, "draft_n_accepted": 0}
+    if SYNTH is not None:
+        return t | {"predicted_ms": plain_ms / ((0.6 + 0.4 * (SYNTH - 1)) * factor(n_prompt)), "draft_n": 12,
+                    "draft_n_accepted": round(12 * (SYNTH - 1) / 3)}
     speedup = float(os.environ.get("FAKE_SERVER_SPEEDUP", "1.5")) * factor(n_prompt)
     return t | {"predicted_ms": plain_ms / speedup, "draft_n": 10 + n_prompt % 3, "draft_n_accepted": 6 + n_prompt % 2}
 

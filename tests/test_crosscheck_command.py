@@ -181,3 +181,41 @@ def test_real_llama_server(smol, smol_q2k):
     r = harness("server-check", cmd("llama-server", "-m", smol, "-md", smol_q2k), *opts)
     assert r.returncode == 2, r.stderr
     assert "does not speculate: drafted 0 tokens over 2 requests" in r.stdout and "#25345" in r.stdout
+
+
+# -- synthetic acceptance (crosscheck.synth) ---------------------------------------------------------------------
+
+def test_synthetic_acceptance_finds_the_break_even(fake, smol, smol_q2k, tmp_path):
+    """--synth 5 at a longest draft of 3: lengths 1 to 4, each beside its plain twin; the fake runs at 0.6 + 0.4
+    (L - 1) times plain and accepts (L - 1) / 3 of its drafts, so 1x falls between 25% (0.9x) and 50% (1.2x)."""
+    from harness.crosscheck.synth import crossing
+    log = tmp_path / "requests.jsonl"
+    r = harness("server-check", cmd(fake, "-m", smol, "--spec-type", "draft-simple", "--spec-draft-model", smol_q2k),
+                "--max-tokens", "12", "--per-category", "2", "--synth", "5", env={"FAKE_SERVER_LOG": str(log)})
+    assert r.returncode == 0, r.stderr
+    synth = [q for q in requests(log) if "--spec-synth-len" in q["argv"]]
+    assert sorted({q["argv"][q["argv"].index("--spec-synth-len") + 1] for q in synth}) == \
+        ["1", "1.75", "2.5", "3.25", "4"]
+    assert len(synth) == 5 * 2 and len(requests(log)) == 6 * 2 * 2  # the real run, then five lengths, with twins
+    table = r.stdout.split("## What acceptance pays here", 1)[1]
+    for length, acc in (("1", "0%"), ("1.75", "25%"), ("2.5", "50%"), ("3.25", "75%"), ("4", "100%")):
+        assert f"| {length} " in table and f"| {acc} " in table
+    assert crossing([(0.25, 0.9), (0.5, 1.2)]) == pytest.approx(1 / 3)
+    assert "- Break-even: 3" in table and "your command's own: 6" in table and "(above it)" in table
+
+
+@pytest.mark.parametrize("command, env, words", [
+    (["--spec-type", "ngram-mod"], {}, ["ngram-mod drafts only where the output repeats", "draft model"]),
+    (["--spec-type", "draft-simple"], {"FAKE_SERVER_LACKS": "--spec-synth-len"}, ["no --spec-synth-len"]),
+    (["--spec-type", "none"], {}, ["give the command a --spec-type that drafts"])])
+def test_synthetic_acceptance_refusals_are_one_line(fake, smol, command, env, words, tmp_path):
+    log = tmp_path / "requests.jsonl"
+    r = harness("server-check", cmd(fake, "-m", smol, *command), "--synth", "3",
+                env=env | {"FAKE_SERVER_LOG": str(log)})
+    one_line_error(r, *words)
+    assert not requests(log)  # refused before any server started
+
+
+def test_synth_needs_two_lengths(fake, smol):
+    one_line_error(harness("server-check", cmd(fake, "-m", smol, "--spec-type", "draft-simple"), "--synth", "1"),
+                   "--synth N needs N >= 2")

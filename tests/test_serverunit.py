@@ -7,6 +7,7 @@ import os
 import pytest
 
 from harness.bench import serverunit
+from harness.crosscheck import binary as binary_mod
 from harness.errors import HarnessError
 from harness.plan import expand, first_round, make_params
 from harness.rundir import PAIRED_DIR, finished, trace_path
@@ -43,7 +44,7 @@ def test_command_maps_types_to_llama_cpp_flags(smol, smol_q2k, fake):
 
 def test_lacking_flags():
     known = frozenset({"-m", "--spec-type", "-np"})
-    assert serverunit.lacking(["-m", "x.gguf", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "8", "-np",
+    assert binary_mod.lacking(["-m", "x.gguf", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "8", "-np",
                                "1", "--temp", "-1"], known) == ["--spec-ngram-mod-n-max", "--temp"]
 
 

@@ -22,10 +22,8 @@ verdicts and output checks come out of the same analysis.
   answers without timings) is one line in the unit's error row; the sweep goes on with the next unit."""
 from __future__ import annotations
 
-import functools
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -43,22 +41,6 @@ START_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 600.0
 ROLES = {"speculative": "speculative", "plain": "plain"}
 LOGS_DIR = "server_logs"
-
-
-@functools.lru_cache(maxsize=8)
-def known_flags(binary: Path) -> frozenset[str]:
-    """Every flag `llama-server --help` names."""
-    try:
-        r = subprocess.run([str(binary), "--help"], capture_output=True, text=True, errors="replace",
-                           stdin=subprocess.DEVNULL, timeout=binary_mod.VERSION_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise HarnessError(f"{binary} --help failed ({e}): is it llama.cpp's llama-server?") from None
-    return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", r.stdout + r.stderr))
-
-
-def lacking(args: list[str], known: frozenset[str]) -> list[str]:
-    """The flags among args that the binary does not know (negative numbers are values, not flags)."""
-    return [a for a in args if re.match(r"--?[A-Za-z]", a) and a not in known]
 
 
 def command(inst: Instance, params: Params) -> Command:
@@ -93,7 +75,7 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
     t0 = time.perf_counter()
     binary, version = server_binary(params)
     c = command(inst, params)
-    missing = lacking(c.spec + c.plain, known_flags(binary))
+    missing = binary_mod.lacking(c.spec + c.plain, binary_mod.known_flags(binary))
     if missing:
         raise HarnessError(f"{binary} has no {', '.join(dict.fromkeys(missing))} (its --help does not list it): "
                            "give --llama-server a newer llama-server, or leave this configuration out")

@@ -4,6 +4,7 @@ bin directory outright), else llama-server on PATH. A binary is taken only once 
 llama.cpp's version line."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -86,3 +87,19 @@ def version(binary: Path) -> str:
         raise HarnessError(f"{binary} is not llama.cpp's llama-server: `--version` gave no version line ({shown}); "
                            f"{HOW_TO_GET}")
     return m.group(0).strip()
+
+
+@functools.lru_cache(maxsize=8)
+def known_flags(binary: Path) -> frozenset[str]:
+    """Every flag `llama-server --help` names."""
+    try:
+        r = subprocess.run([str(binary), "--help"], capture_output=True, text=True, errors="replace",
+                           stdin=subprocess.DEVNULL, timeout=VERSION_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HarnessError(f"{binary} --help failed ({e}): is it llama.cpp's llama-server?") from None
+    return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", r.stdout + r.stderr))
+
+
+def lacking(args: list[str], known: frozenset[str]) -> list[str]:
+    """The flags among args that the binary does not know (negative numbers are values, not flags)."""
+    return [a for a in args if re.match(r"--?[A-Za-z]", a) and a not in known]

@@ -307,8 +307,9 @@ def render(c: Command, binary: Path, version: str, note: str, category: str, pro
 
 def server_check_command(command: str, llama_server: str | None = None, category: str = "code",
                          per_category: int = 3, max_tokens: int = 64, start_timeout: float = 300.0,
-                         request_timeout: float = 600.0) -> tuple[str, int]:
-    """The screen to print and the exit code: 0 where the command drafts, 2 where it drafts nothing."""
+                         request_timeout: float = 600.0, synth: int = 0) -> tuple[str, int]:
+    """The screen to print and the exit code: 0 where the command drafts, 2 where it drafts nothing. synth: that
+    many synthetic acceptance lengths measured after (crosscheck.synth), 0 for none."""
     from harness import prompts as prompts_mod
     from harness.crosscheck.checks import tokenize
     from harness.procs import stop_on_signals
@@ -323,13 +324,22 @@ def server_check_command(command: str, llama_server: str | None = None, category
     check_files(c)
     binary, note = pick_binary(llama_server, c.program)
     version = binary_mod.version(binary)
+    if synth:
+        from harness.crosscheck import synth as synth_mod
+        given = {flag(w): v for w, v in zip(c.spec, c.spec[1:])}
+        longest = synth_mod.check(c.types, given, binary_mod.known_flags(binary))
+        synth_mod.lengths(longest, synth)  # a bad count says so before anything runs
     chosen = prompts_mod.load([category], per_category=per_category)
     tokens = tokenize(Path(c.target), chosen, max_tokens)
     log_dir = Path(tempfile.mkdtemp(prefix="harness-server-check-"))
     load0, t0 = os.getloadavg()[0], time.monotonic()
     with stop_on_signals():
         measured = measure(binary, c, tokens, log_dir, start_timeout, request_timeout)
-    took = time.monotonic() - t0
-    text, speculates = render(c, binary, version, note, category, measured, log_dir, took,
-                              (load0, os.getloadavg()[0]))
+        took = time.monotonic() - t0
+        text, speculates = render(c, binary, version, note, category, measured, log_dir, took,
+                                  (load0, os.getloadavg()[0]))
+        if synth:
+            rows = synth_mod.run(lambda cmd, d: measure(binary, cmd, tokens, d, start_timeout, request_timeout,
+                                                        on_prompt=lambda rec: None), c, log_dir, synth, longest)
+            text += "\n" + "\n".join(synth_mod.render(rows, acceptance(measured)["acceptance"], longest))
     return text, 0 if speculates else 2
