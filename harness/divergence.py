@@ -97,3 +97,38 @@ def kernel_check(engine, prompt: list[int], spec_out: list[int], blocks: list[tu
     row, block_len = found
     rec |= {"block_argmax": int(np.argmax(row)), "block_len": block_len}
     return rec | {"kind": "kernel near-tie" if rec["block_argmax"] != rec["plain_argmax"] else "mismatch"}
+
+
+def unknown_blocks_check(engine, prompt: list[int], spec_out: list[int], plain_out: list[int],
+                         longest: int) -> dict | None:
+    """kernel_check for a server's output, whose verification blocks are not known (llama-server does not report
+    its steps): at the first divergence the plain row is re-evaluated one token at a time, then the same position
+    at every offset of every block size a step could have used (2 to longest + 1 rows, up to 9), the context
+    before each block decoded one token at a time. A kernel near-tie where some block's argmax is the speculative
+    token; a mismatch where none is; None when the outputs are equal."""
+    at = first_divergence(spec_out, plain_out)
+    if at is None:
+        return None
+    plain = _plain_row(engine, prompt, plain_out, at)
+    rec = {"diverged_at": at, "margin": round(margin(plain), 5), "plain_argmax": int(np.argmax(plain))}
+    if at >= len(spec_out):
+        engine.reset()
+        return rec | {"kind": "unchecked", "why": "the speculative output ended there"}
+    ctx = [prompt[-1], *spec_out[:at + 1]]  # rows: the token before each position, then the speculative one
+    engine.reset()
+    engine.decode(prompt[:-1], logits="none")
+    for t in ctx[:at]:  # the context one token at a time, as plain decoding built it; trimmed back per block
+        engine.decode([t], logits="none")
+    base, top = len(prompt) - 1, min(longest + 1, 9)
+    for first in range(at, max(at - top, -1), -1):  # `at`'s row is the block's row at - first
+        engine.trim(base + first)
+        for k in range(max(2, at - first + 1), top + 1):
+            fill = ctx[first:first + k]
+            got = int(np.argmax(engine.decode(fill + [fill[-1]] * (k - len(fill)), logits="all")[at - first]))
+            engine.trim(base + first)
+            if got == spec_out[at]:
+                engine.reset()
+                return rec | {"kind": "kernel near-tie", "block_argmax": got, "block_len": k}
+    engine.reset()
+    return rec | {"kind": "mismatch", "block_argmax": None, "block_len": None,
+                  "why": f"no block of 2 to {top} rows chooses the speculative token there"}

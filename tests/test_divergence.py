@@ -3,7 +3,7 @@ verification block, on a scripted engine whose batched kernel picks another toke
 import numpy as np
 import pytest
 
-from harness.divergence import blocks, first_divergence, kernel_check, margin
+from harness.divergence import blocks, first_divergence, kernel_check, margin, unknown_blocks_check
 from harness.loop import Request, generate
 from harness.sampling import Policy
 from harness.trace import TraceWriter
@@ -59,3 +59,18 @@ def test_first_divergence():
 def test_margin():
     assert margin(np.array([0.0, 2.5, 1.0, 2.0])) == pytest.approx(0.5)
     assert margin(np.array([3.0, 3.0])) == 0.0
+
+
+def test_a_servers_divergence_is_checked_at_every_block_it_could_have_run_in():
+    """llama-server reports no blocks: a block of some size and offset that chooses the speculative token is the
+    kernels' doing (near-tie); none choosing it is a mismatch."""
+    target = FakeEngine(len(PROMPT), SCRIPT, batched={3: 15}, margin=0.119)
+    plain, _ = run(target)
+    spec, _ = run(target, gamma=3)
+    found = unknown_blocks_check(target, PROMPT, spec, plain, longest=3)
+    assert found["kind"] == "kernel near-tie" and found["diverged_at"] == 3 and found["block_argmax"] == 15
+    assert found["margin"] == pytest.approx(0.119, abs=1e-4) and found["plain_argmax"] == 8
+    broken = [5, 6, 9, 8, 9, 10, 11, 12]
+    found = unknown_blocks_check(FakeEngine(len(PROMPT), SCRIPT), PROMPT, broken, plain, longest=3)
+    assert found["kind"] == "mismatch" and found["diverged_at"] == 2 and "2 to 4 rows" in found["why"]
+    assert unknown_blocks_check(target, PROMPT, plain, plain, longest=3) is None

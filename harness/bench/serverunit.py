@@ -15,9 +15,9 @@ verdicts and output checks come out of the same analysis.
   (mean accepted length, alpha, per-position acceptance) are left unknown by the report. Speeds count as
   llama-server's predicted_per_second does: predicted_n - 1 tokens over predicted_ms (the first token comes from
   the prompt's logits, timed in prompt_ms).
-- Greedy speculative outputs are compared token for token with their plain twins'; a divergence is recorded for
-  the report's output check as unchecked (the server does not say which verification block held the position, so
-  harness.divergence's replay of the two paths cannot be made).
+- Greedy speculative outputs are compared token for token with their plain twins'; once the unit's servers have
+  stopped, each divergence is classified on the target loaded here (divergence.unknown_blocks_check: the server
+  does not say which verification block held the position, so every block it could have run in is tried).
 - Anything that stops the unit (a flag this binary lacks, a server that exits at start, dies, never answers or
   answers without timings) is one line in the unit's error row; the sweep goes on with the next unit."""
 from __future__ import annotations
@@ -104,17 +104,18 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
                 for r in records(rec[role], pr, rep, mode):
                     traces[mode].write(r)
         if inst.policy.greedy and "speculative" in rec:
-            at = first_divergence(rec["speculative"]["tokens"] or [], rec["plain"]["tokens"] or [])
-            if at is not None:
-                traces["speculative"].write({"type": "divergence", "prompt_id": pr.id, "repeat": rep,
-                                             "diverged_at": at, "kind": "unchecked",
-                                             "why": "llama-server reports no verification blocks to replay"})
+            pair = (rec["speculative"]["tokens"] or [], rec["plain"]["tokens"] or [])
+            if first_divergence(*pair) is not None:
+                diverged.append((pr.id, rep, toks[pr.id][0], *pair))
+    diverged: list = []  # classified once every server has stopped, so that no check runs beside one
     try:
         listed = [(pr.id, *toks[pr.id]) for pr, _ in requests]
         if inst.baseline:
             plain_unit(binary, c, listed, log_dir / "plain.log", seeds, on_start, write)
         else:
             measure(binary, c, listed, log_dir, START_TIMEOUT_S, REQUEST_TIMEOUT_S, seeds, on_start, write, ROLES)
+        for r in classified(inst, params, diverged):
+            traces["speculative"].write(r)
     finally:
         for tw in traces.values():
             tw.close()
@@ -124,6 +125,22 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
             "llama_server_version": version, "server_command": c.spec, "plain_command": c.plain, "kv_bytes": None,
             "target_bytes": model_file(inst.target).stat().st_size,
             "draft_bytes": model_file(draft).stat().st_size if draft else 0}
+
+
+def classified(inst: Instance, params: Params, diverged: list) -> list[dict]:
+    """Each greedy divergence (prompt id, repeat, prompt tokens, speculative and plain output), classified by
+    re-evaluating the target here (divergence.unknown_blocks_check: llama-server reports no blocks)."""
+    if not diverged:
+        return []
+    from harness.divergence import unknown_blocks_check
+    from harness.engine import Engine
+    target = Engine(model_file(inst.target), inst.engine_config(params.n_ctx))
+    try:
+        return [{"type": "divergence", "prompt_id": pid, "repeat": rep,
+                 **unknown_blocks_check(target, prompt, spec, plain, inst.draft.own_gamma or inst.gamma)}
+                for pid, rep, prompt, spec, plain in diverged]
+    finally:
+        target.close()
 
 
 def plain_unit(binary: Path, c: Command, listed: list, log: Path, seeds: list[dict], on_start, write) -> None:
