@@ -49,7 +49,7 @@ models: setup
 test-models: setup
 	$(HARNESS) models fetch $(TEST_MODELS)
 
-bench: setup models
+bench: setup models native
 	$(HARNESS) bench --profile $(PROFILE)
 
 # the fast tier; test-all adds the slow one (tests marked slow)
