@@ -232,15 +232,14 @@ def _check_n_min(p: Params) -> None:
 
 
 def _check_own_gamma(p: Params) -> None:
-    """llama.cpp's n-gram types (specs.LlamaNgram): harness.llamangram serves one sequence, the replay does not
-    price them yet, and a step verifies their longest draft in one batch."""
+    """llama.cpp's n-gram types (specs.LlamaNgram): harness.llamangram serves one sequence (the replay prices
+    them at their own gamma), and a step verifies their longest draft in one batch."""
     for d in p.draft:
         if not d.own_gamma:
             continue
-        for what, bad in (("--replay", p.replay), (f"--parallel {max(p.parallel)}", max(p.parallel) > 1)):
-            if bad:
-                raise HarnessError(f"{d} is not {'replayed' if what == '--replay' else 'served to several requests'}"
-                                   f" yet: sweep it without {what}")
+        if max(p.parallel) > 1:
+            raise HarnessError(f"{d} is not served to several requests yet: sweep it without --parallel "
+                               f"{max(p.parallel)}")
         if d.own_gamma + 1 > N_BATCH:
             raise HarnessError(f"{d} drafts up to {d.own_gamma} tokens, verified in one batch of {N_BATCH} with the "
                                f"last: give it at most {N_BATCH - 1}")

@@ -10,6 +10,7 @@ import pytest
 from harness.analysis.intervals import interval
 from harness.analysis.predict import generation, plain_decode_ms, predictions
 from harness.costmodel import read
+from harness.specs import parse_draft
 from tests.conftest import D
 from tests.fakes import EOS
 
@@ -107,3 +108,26 @@ def test_the_bound_by_hand(gamma, verify, draft, bound):
     from harness.analysis.predict import speedup_bound
     from harness.costmodel import Costs
     assert speedup_bound(Costs(verify, draft), gamma) == pytest.approx(bound)
+
+
+@pytest.mark.parametrize("policy", ["greedy", "T=0.8"])
+def test_llamas_ngram_types_are_predicted_from_the_prompts_tokens_alone(policy):
+    """No replay record: the steps of llama.cpp's n-gram type along the output (analysis.replay.llama_ngram_steps),
+    at its own gamma only, exact under any policy, priced by the replay's costs."""
+    from harness.analysis.replay import llama_ngram_steps
+    from harness.costmodel import Step, price
+    name, out = "ngram-simple:size-n=2:size-m=3", [4, 5, 6, 7] * 6 + [4, 5, 9]
+    common = {"config": "b", "policy": policy, "category": "code", "prompt_id": "p1", "repeat": 0}
+    costs = {"type": "costs", "config": "b", "policy": policy, "proposer": name, "contexts": [100], "k": 4,
+             "target_ms_by_context": [[T1, T2, 38.0, 45.0]], "draft_ms_by_context": [[0.1] * 4], "overhead_ms": OH}
+    prompt = {"type": "replay_prompt", **common, "prompt_tokens": [1, 2, 3], "tokens": out, "stop_token": EOS,
+              "max_tokens": 64}
+    rows = predictions([prompt, costs], {("b", "code"): P}, 8)
+    (r,) = rows
+    assert (r["proposer"], r["gamma"], r["adaptive"], r["kind"], r["verify"]) == (name, 3, False, "exact", "leviathan")
+    steps = llama_ngram_steps([1, 2, 3], out, EOS, 64, parse_draft(name))
+    c = read(costs).costs(100).levelled(P)
+    assert r["speedup"] == pytest.approx((len(out) + 1) * P / sum(price(s.shape(), c) for s in steps))
+    assert r["acceptance_rate"] == pytest.approx(sum(s.accepted for s in steps) / sum(s.proposed for s in steps))
+    assert r["proposed"] == sum(s.proposed for s in steps) and any(s.accepted for s in steps)
+    assert Step(3, 3, 4) in steps

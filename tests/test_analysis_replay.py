@@ -4,12 +4,14 @@ under sampling, whose steps are greedy's (the loop samples the plain twin's draw
 import numpy as np
 import pytest
 
-from harness.analysis.replay import expected, greedy_steps, ngram_steps
+from harness.analysis.replay import expected, greedy_steps, llama_ngram_steps, ngram_steps
 from harness.costmodel import Costs, Step, price
 from harness.drafting import Drafting
+from harness.llamangram import proposer
 from harness.loop import Request, generate
 from harness.proposers import DraftModelProposer, NgramProposer
 from harness.sampling import Policy
+from harness.specs import parse_draft
 from harness.trace import TraceWriter
 from tests.fakes import EOS, FakeEngine, LogitsEngine, ScriptedProposer
 
@@ -51,6 +53,26 @@ def test_ngram_replay_gives_the_loops_own_steps(gamma):
     assert any(s.accepted for s in steps)
     replay = ngram_steps(PROMPT, gen["tokens"], EOS if gen["stop"] == "eos" else None, 20, gamma,
                          lambda ctx, n: prop.propose(ctx, n).tokens)
+    assert replay == steps
+
+
+# a pattern repeated with variations: drafts accepted, cut short and rejected; the end inside a repeated pattern
+# (ngram-mod adds the cache's n-grams once 32 tokens are new)
+LLAMA_SCRIPT = [*[4, 5, 6, 7, 8, 4, 5, 6, 7, 9, 4, 5, 6, 7, 8, 4, 5, 6, 9, 9] * 3, 4, 5, 6, EOS, *[1] * 12]
+
+
+@pytest.mark.parametrize("draft", ["ngram-simple:size-n=2:size-m=3", "ngram-map-k:size-n=2:size-m=3",
+                                   "ngram-map-k4v:size-n=1:size-m=3:min-hits=2", "ngram-mod:n-match=2:n-max=4:n-min=1"])
+@pytest.mark.parametrize("max_tokens", [80, 50, 64])  # the end token reached; the cap first; the cap at the end
+def test_llama_ngram_replay_gives_the_loops_own_steps(draft, max_tokens):
+    """llama.cpp's n-gram types keep state across a generation's steps (what was accepted, the table): the replay
+    drives a fresh proposer as the loop does and gets its steps exactly (ngram-map-k's here differ where it is
+    not told what each step accepted)."""
+    spec = parse_draft(draft)
+    gen, steps = loop_steps(LLAMA_SCRIPT, None, spec.own_gamma, max_tokens, proposer=proposer(spec))
+    assert any(s.accepted for s in steps)
+    assert (gen["stop"] == "eos") == (max_tokens > 63)
+    replay = llama_ngram_steps(PROMPT, gen["tokens"], EOS if gen["stop"] == "eos" else None, max_tokens, spec)
     assert replay == steps
 
 

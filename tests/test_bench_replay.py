@@ -9,7 +9,7 @@ import pytest
 from harness.plan import expand, make_params
 from harness.rundir import trace_files
 from harness.trace import read_records
-from tests.conftest import D
+from tests.conftest import PROMPTS, D, T, _bench
 from tests.helpers import diagnostics_md, harness, md_table, report_md
 
 
@@ -150,6 +150,26 @@ def test_the_replay_predicts_both_rules_and_times_what_it_chose(replay_run):
     assert all(x["alpha leviathan"] and x["alpha exact"] for x in rules)
     timed = md_table(diagnostics_md(run), "## Replayed against timed")
     assert {D, f"{D} (exact)"} <= {x["proposer"] for x in timed}  # the subset timed both rules, like for like
+    r = harness("report", str(run), "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+LLAMAS = ("ngram-simple:size-n=2:size-m=4", "ngram-mod:n-match=2:n-max=6:n-min=1")
+
+
+@pytest.mark.slow  # a replayed run of its own: a minute on 2 cores
+def test_llamas_ngram_types_are_replayed_from_the_plain_run(tmp_path, smol):
+    """llama.cpp's n-gram types under --replay: no record per prompt (their steps come from the tokens), their
+    costs measured up to their own longest draft, their predictions at their own gamma under both policies."""
+    run = _bench(tmp_path, "--target", T, "--draft", ",".join(LLAMAS), *PROMPTS, "--replay", "--timed-subset", "1",
+                 "--threads", "2", "--allow-busy")
+    recs = [r for f in trace_files(run / "replay") for r in read_records(f)]
+    assert not [r for r in recs if r["type"] == "replay"]
+    assert {(r["proposer"], r["policy"]) for r in recs if r["type"] == "costs"} == \
+        {(x, p) for x in LLAMAS for p in ("greedy", "T=0.8 top_p=0.9")}
+    assert all(r["k"] >= 7 for r in recs if r["type"] == "costs")
+    pred = md_table(report_md(run), "## Predicted speedup")
+    assert {x["proposer"] for x in pred} == set(LLAMAS)
     r = harness("report", str(run), "--check")
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -196,6 +196,16 @@ def test_timed_subset_is_gamma_one_and_the_predicted_best_gamma_on_each_category
     assert ledger.load_ms == pytest.approx(3 * (WORKER_S + 2 * MODEL_S) * 1000)
 
 
+def test_the_timed_subset_times_one_of_llamas_ngram_types_per_baseline_and_policy():
+    """bench.subset.choose times the best predicted of a group's n-gram types alone, at its own gamma: sized two
+    ways, one unit on each category's first prompt."""
+    ps = prompts(10)
+    p = replace(PARAMS, timed_subset=1)
+    mods = [Instance(T, LlamaNgram.make("ngram-mod", n_max=n), n, GREEDY, 0, 0, 2) for n in (16, 32)]
+    one = unit_ms(mods[-1], 0, [ps[0], ps[10]], p, None, figures(ps), Ledger(cached=False))
+    assert subset_ms([BASE, *mods], ps, p, None, figures(ps), Ledger(cached=False)) == pytest.approx(one)
+
+
 def test_the_parts_add_up_for_a_replayed_run_with_a_timed_subset():
     ps = prompts(1)
     p = replace(PARAMS, replay=True, timed_subset=1, prompt_cache=True)

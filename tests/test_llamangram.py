@@ -275,7 +275,6 @@ def test_the_plan_gives_a_type_its_own_longest_draft_and_no_draft_model_settings
 
 
 @pytest.mark.parametrize("overrides, words", [
-    ({"replay": True}, ["ngram-mod is not replayed yet: sweep it without --replay"]),
     ({"parallel": "2"}, ["ngram-mod", "--parallel 2"]),
     ({"draft": "ngram-mod:n-max=600"}, ["600", "at most 511"]),
 ])

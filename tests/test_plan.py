@@ -58,6 +58,8 @@ ACCEPTED = {
     "replay-off-keeps-default-replay-gamma": ({"replay": True, "replay_gamma": 8}, {"replay": False}),
     "max-tokens-just-under-n-ctx": ({}, {"max_tokens": 511, "n_ctx": 512}),
     "budget-min-finite": ({}, {"budget_min": 20.0}),
+    # the replay prices llama.cpp's n-gram types at their own gamma (analysis.replay.llama_ngram_steps)
+    "llama-ngram-with-replay": ({}, {"replay": True, "draft": "ngram-mod:n-max=16:n-min=12"}),
 }
 
 

@@ -4,12 +4,13 @@ sample, with the number of configurations the choice was among; and the shared r
 import json
 from types import SimpleNamespace
 
+import polars as pl
 import pytest
 
 from harness.bench.subset import answered, choose, held_out_predictions
 from harness.instance import Instance
 from harness.sampling import Policy
-from harness.specs import DraftModel
+from harness.specs import DraftModel, parse_draft
 from harness.rundir import REPLAY_DIR, TRACES_DIR
 from tests.conftest import D
 from tests.helpers import diagnostics_md, report_md
@@ -26,17 +27,17 @@ COSTS = {"type": "costs", "proposer": "d", "contexts": [128], "target_ms_by_cont
          "draft_ms_by_context": [[2.0 + 0.2 * k for k in range(9)]], "overhead_ms": 0.0}
 
 
-def run_dir(tmp_path, prompts: dict[str, str]):
+def run_dir(tmp_path, prompts: dict[str, str], llama: tuple[str, ...] = ()):
     """A run whose replay of BASE holds the prompts {id: category}, and whose plain baseline ran them at 10 ms a
-    token."""
+    token; llama: llama.cpp's n-gram types it replayed too (from the tokens alone)."""
     common = {"config": BASE, "policy": "greedy"}
-    replay = [COSTS | common]
+    replay = [COSTS | common] + [COSTS | common | {"proposer": x} for x in llama]
     plain = []
     for pid, cat in prompts.items():
         n = len(MATCH[pid])
         at = {"category": cat, "prompt_id": pid, "repeat": 0}
         replay += [common | at | {"type": "replay_prompt", "prompt_tokens": [1, 2, 3],
-                                  "tokens": [4] * n, "stop_token": None, "max_tokens": n},
+                                  "tokens": [4 + i % 5 for i in range(n)], "stop_token": None, "max_tokens": n},
                    common | at | {"type": "replay", "proposer": "d", "match": MATCH[pid]}]
         plain.append({"config": BASE, **at, "type": "generation", "prompt_tokens": 3, "n_tokens": n, "steps": n,
                       "gen_ms": 10.0 * n, "latency_ms": 10.0 * n, "prompt_eval_ms": 1.0})
@@ -80,6 +81,21 @@ def test_the_configuration_a_predicted_speculate_names_is_timed_too(tmp_path):
     assert answered(run) == [(BASE, "greedy", "code", "d", 3)]
     chosen, _ = choose(run, INSTANCES, prompts, 1)
     assert timed_gammas(chosen) == {1, 3, 8} and all(ids == ["held"] for ids in chosen.values())
+
+
+def test_of_llamas_ngram_types_the_groups_best_alone_is_timed(tmp_path):
+    """Sizes of llama.cpp's n-gram types, each at its own gamma: one of them timed per group, the best predicted,
+    beside the draft model's gamma 1 and best; its instance is the prediction's (label and gamma)."""
+    names = ("ngram-simple:size-n=2:size-m=2", "ngram-simple:size-n=2:size-m=8", "ngram-mod:n-match=2:n-max=4:n-min=1")
+    run, prompts = run_dir(tmp_path, {"lucky": "code", "held": "code"}, names)
+    llamas = [Instance("t", d, d.own_gamma, GREEDY, 0, 0, 1) for d in map(parse_draft, names)]
+    pred, _ = held_out_predictions(run, {"code": ["lucky"]})
+    rows = pred.filter(pl.col("draft").is_in(names))
+    assert sorted(rows.select("proposer", "gamma").rows()) == sorted((i.draft_label, i.gamma) for i in llamas)
+    best = rows.sort("speedup")["proposer"][-1]
+    chosen, _ = choose(run, INSTANCES + llamas, prompts, 1)
+    assert [i.draft_label for i in llamas if i.id in chosen] == [best] == ["ngram-simple:size-n=2:size-m=8"]
+    assert timed_gammas(chosen) == {1, 2}
 
 
 # -- end to end: the shared replay run's timed subset

@@ -12,10 +12,10 @@ import numpy as np
 import polars as pl
 
 from harness.analysis.intervals import REPLICATES, Generation, Row, row_intervals, step_matrix, widened
-from harness.analysis.replay import expected, greedy_steps, ngram_steps, replay_step
+from harness.analysis.replay import expected, greedy_steps, llama_ngram_steps, ngram_steps, replay_step
 from harness.costmodel import AdaptiveGamma, Costs, Step, price, read
 from harness.drafting import Drafting, ngram_lookup
-from harness.specs import parse_draft
+from harness.specs import DraftSpec, LlamaNgram, parse_draft
 
 FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")
 PLAIN = Step(0, 0, 1)  # a plain decode
@@ -103,12 +103,13 @@ def generation(prompt: dict, rep: dict | None, gamma: int, costs: Costs, exact: 
                adaptive: bool = False) -> tuple[Generation, Counter] | None:
     """The predicted speculative generation of one prompt beside its plain twin, and how many steps of each kind
     it took ({(step, backlog): count}, expected counts where expected), to price them under other costs. exact:
-    its steps replayed from the draft's matches (or a lookup's proposals), else expected from alpha. adaptive:
-    gamma chosen per step up to `gamma` (exact, a draft model only)."""
-    out, n, eos, m = prompt["tokens"], len(prompt["tokens"]), prompt["stop_token"] is not None, prompt["max_tokens"]
+    its steps replayed from the draft's matches, or from a model-free proposer's own proposals (lookup(prompt,
+    gamma) -> steps), else expected from alpha. adaptive: gamma chosen per step up to `gamma` (exact, a draft
+    model only)."""
+    n, eos, m = len(prompt["tokens"]), prompt["stop_token"] is not None, prompt["max_tokens"]
     if exact:
         if lookup is not None:
-            sb = [(s, 0) for s in ngram_steps(prompt["prompt_tokens"], out, prompt["stop_token"], m, gamma, lookup)]
+            sb = [(s, 0) for s in lookup(prompt, gamma)]
         elif rep is None:
             return None
         elif adaptive:
@@ -171,12 +172,13 @@ def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dic
 def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts: dict, reps: dict, plain_ms: dict,
           gamma_max: int) -> list[dict]:
     greedy, label, out = policy == "greedy", drafting.label(proposer), []
-    n = parse_draft(proposer).ngram
-    lookup = (lambda ctx, k: ngram_lookup(ctx, n, k)) if n is not None and greedy else None
+    spec = parse_draft(proposer)
+    lookup = _lookup(spec, greedy)
     # llama.cpp's rule samples with the plain twin's own draws, so its output is the twin's: replayed exactly like
     # greedy where the draft's matches were kept (older runs kept p of its top token only: expected)
     mine = [r for k, r in reps.items() if k[:2] == (config, policy) and k[3] == proposer]
-    exact = greedy or (drafting.verify == "exact" and bool(mine) and all("match_exact" in r for r in mine))
+    exact = greedy or isinstance(spec, LlamaNgram) or (drafting.verify == "exact" and bool(mine)
+                                                       and all("match_exact" in r for r in mine))
     draws = cost_draws(crec, REPLICATES, f"costs/{config}/{policy}/{proposer}")
     by_cat = defaultdict(list)
     for p in prompts[(config, policy)]:
@@ -186,8 +188,10 @@ def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts
         measured = read(crec).costs(context)  # the replay's own decode, not levelled: what bounds a prediction
         c = measured.levelled(plain_ms.get((config, cat)))
         cd = read(draws).costs(context).levelled(plain_ms.get((config, cat))) if draws else None
-        # every fixed gamma; and, greedy with a draft model, the adaptive controller up to gamma_max
-        runs = [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
+        # every fixed gamma (llama.cpp's n-gram types: their own); and, greedy with a draft model, the adaptive
+        # controller up to gamma_max
+        runs = [(spec.own_gamma, False)] if spec.own_gamma else \
+            [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
         for gamma, adaptive in runs:
             got = [x for p in ps if (x := generation(p, _as_rule(reps.get((config, policy, p["prompt_id"], proposer)),
                                                                  drafting.verify), gamma, c, exact, lookup, adaptive))]
@@ -204,6 +208,17 @@ def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts
                         "bound": speedup_bound(measured, gamma)}
                        | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
     return out
+
+
+def _lookup(spec: DraftSpec, greedy: bool):
+    """A model-free proposer's steps along a prompt's plain output (prompt record, gamma) -> steps, where they
+    replay exactly: the harness's lookup under greedy, llama.cpp's n-gram types under any policy; else None."""
+    if isinstance(spec, LlamaNgram):
+        return lambda p, g: llama_ngram_steps(p["prompt_tokens"], p["tokens"], p["stop_token"], p["max_tokens"], spec)
+    if spec.ngram is not None and greedy:
+        return lambda p, g: ngram_steps(p["prompt_tokens"], p["tokens"], p["stop_token"], p["max_tokens"], g,
+                                        lambda ctx, k: ngram_lookup(ctx, spec.ngram, k))
+    return None
 
 
 def _as_rule(rep: dict | None, verify: str) -> dict | None:

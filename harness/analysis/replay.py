@@ -14,13 +14,17 @@ follow by dynamic programming over positions. These are *expected*, never *measu
 and the draft's top token is kept where it is the output's: its steps replay exactly, as greedy's do.
 
 Positions run 0..n-1 over the output's tokens and, when the output ended at an end-of-generation token, n for
-that token: a step that reaches it ends the generation (the loop does not count it as emitted or accepted)."""
+that token: a step that reaches it ends the generation (the loop does not count it as emitted or accepted).
+llama.cpp's n-gram types, stateful, are replayed with their state, as the loop drives them."""
 from __future__ import annotations
 
 from typing import Sequence
 
 from harness.costmodel import Step, price
 from harness.gamma import gamma_cap
+from harness.llamangram import proposer
+from harness.sampling import Policy
+from harness.specs import LlamaNgram
 
 
 def _advance(j: int, k: int, n: int, eos: bool) -> tuple[int, int, bool]:
@@ -55,10 +59,11 @@ def greedy_steps(match: Sequence[bool], n: int, max_tokens: int, gamma: int, eos
 
 
 def ngram_steps(context: Sequence[int], out: Sequence[int], eos_token: int | None, max_tokens: int, gamma: int,
-                propose) -> list[Step]:
+                propose, after=None) -> list[Step]:
     """Steps with a proposer that looks its proposals up in the context (propose(context, n) -> tokens): each
     step's proposals recomputed from the prompt and the output so far; eos_token: the end-of-generation token
-    the output ended on, or None."""
+    the output ended on, or None. after(context, k, ended): told each step's k matched drafts, as the loop tells
+    a stateful proposer."""
     target = [*out, eos_token] if eos_token is not None else list(out)
     n, eos = len(out), eos_token is not None
     steps, j = [], 0
@@ -71,9 +76,28 @@ def ngram_steps(context: Sequence[int], out: Sequence[int], eos_token: int | Non
         step, ended = replay_step(j, len(tokens), k, n, eos)
         steps.append(step)
         j += step.emitted
+        if after is not None:
+            after([*context, *out[:j]], k, ended)
         if ended:
             break
     return steps
+
+
+def llama_ngram_steps(prompt: Sequence[int], out: Sequence[int], eos_token: int | None, max_tokens: int,
+                      spec: LlamaNgram) -> list[Step]:
+    """Steps of one of llama.cpp's n-gram types at its own gamma: a fresh proposer (llamangram), called as the
+    loop calls it. Exact under greedy and under llama.cpp's rule (the output is the plain twin's); under
+    Leviathan's, a point-mass draft is kept with probability p(x) and the token comes from p, so the twin's output
+    is one realization of the same process."""
+    p = proposer(spec)
+    p.prefill(list(prompt), Policy())
+
+    def after(context: list[int], k: int, ended: bool) -> None:
+        if ended:
+            p.ended(k)
+        else:
+            p.accepted(context, k)
+    return ngram_steps(prompt, out, eos_token, max_tokens, spec.own_gamma, lambda c, n: p.propose(c, n).tokens, after)
 
 
 def expected(alpha: Sequence[float] | None, n: int, max_tokens: int, gamma: int, eos: bool, costs=None,

@@ -28,7 +28,7 @@ def with_drafts(profile: str | None, opts: dict, roots: list[Path] | None = None
         return opts
     targets = [t for t in str(opts["target"]).split(",") if t]
     parallel = any(x.strip().isdigit() and int(x) > 1 for x in str(opts.get("parallel") or "1").split(","))
-    unfit = "--replay" if opts.get("replay") else "--parallel" if parallel else None  # plan refuses the type there
+    unfit = "--parallel" if parallel else None  # plan refuses the type there
     drafts, lines = pick(targets, roots, unfit)
     out = opts | {"draft": drafts}
     if opts.get("budget_min") is None:
@@ -43,7 +43,7 @@ def pick(targets: list[str], roots: list[Path] | None = None, unfit: str | None 
     model must pass the harness's alignment check against every target; ranked as `harness drafts` ranks
     (llama.cpp's rule first), the best MODELS at most FASTER_RATIO of the targets' size, else the best one of any
     size. roots: where to look (default: each target's folder and drafts.default_roots). unfit: the option that
-    leaves LLAMA_TYPE out (llama.cpp's n-gram types are not replayed, nor served to several requests, yet)."""
+    leaves LLAMA_TYPE out (llama.cpp's n-gram types are not served to several requests yet)."""
     from harness.align import check_pair
     from harness.models.catalog import require_present, resolve
     models = [resolve(t) for t in targets]

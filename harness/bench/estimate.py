@@ -235,18 +235,22 @@ def subset_ms(instances: list[Instance], prompts: list, params: Params, run_dir:
               ledger: Ledger) -> float:
     """The timed subset (bench.subset.choose picks it after the replay), each a unit on each category's first
     timed_subset prompts: per proposer and policy, gamma 1, and the gamma the cost model predicts best at
-    ALPHA_GUESS where that is not 1. The replay predicts each category's own, and a category whose best gamma
-    differs adds a unit on its prompts alone: counted here as one more unit per proposer and policy, on one
-    category's prompts at a gamma two above (runs have had 3 such units for 5 proposers and policies on an Intel
-    Xeon VM, 5 of 36 units on an AMD EPYC VM)."""
+    ALPHA_GUESS where that is not 1 (llama.cpp's n-gram types: one of them at its own gamma). The replay predicts
+    each category's own, and a category whose best gamma differs adds a unit on its prompts alone: counted here as
+    one more unit per proposer and policy, on one category's prompts at a gamma two above (runs have had 3 such
+    units for 5 proposers and policies on an Intel Xeon VM, 5 of 36 units on an AMD EPYC VM)."""
     from harness.bench.subset import first_prompts
     from harness.costmodel import best_speculative
     firsts = first_prompts(prompts, params.timed_subset)
     chosen = [p for ps in firsts.values() for p in ps]
     one = max(firsts.values(), key=len, default=[])
-    ms = 0.0
+    if not chosen:
+        return 0.0
+    # llama.cpp's n-gram types, one gamma each: one unit per baseline and policy, the best predicted of them
+    llama = {(i.plain().id, i.policy.label): i for i in instances if i.draft.own_gamma}
+    ms = sum(unit_ms(i, 0, chosen, params, run_dir, fig, ledger) for i in llama.values())
     for i in instances:
-        if i.baseline or i.adaptive or i.gamma != 1 or not chosen:
+        if i.baseline or i.adaptive or i.gamma != 1 or i.draft.own_gamma:
             continue
         c = instance_costs(i, run_dir, _context(i.target, chosen, params, fig), fig)
         top = min(params.replay_gamma, len(c.target_ms) - 1)

@@ -6,8 +6,9 @@ Records: "replay_prompt" (the prompt's and the output's tokens, how it ended); "
 greedy, whether the draft's proposal matches the output at each position (the draft decoding one token at a
 time, as in the loop), under sampling, alpha = sum min(p, q) at each position (from batched passes) and, when
 llama.cpp's rule is swept, the same matches ("match_exact") with p of the draft's top token ("alpha_exact");
-"costs" (the target's blocks and each draft's decodes, k = 1..gamma_max + 1, at two contexts: medians and the
-spread of their repetitions)."""
+none for llama.cpp's n-gram types, whose steps analysis.replay recomputes from the tokens; "costs" (the target's
+blocks and each draft's decodes, k = 1..gamma_max + 1, or an n-gram type's own longest draft + 1 where longer, at
+two contexts: medians and the spread of their repetitions)."""
 from __future__ import annotations
 
 import time
@@ -21,6 +22,7 @@ from harness.rundir import REPLAY_DIR, cache_dir, load_records, trace_path, unit
 from harness.specs import DraftSpec
 
 KIND = "replay"
+LOOKUP_CALLS = 8  # propose calls timed per text for a stateful model-free proposer
 
 
 def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[DraftSpec], gamma_max: int, params: Params,
@@ -50,9 +52,9 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[Draf
     names = [str(p) for p in proposers]  # as the replay's records name them
     out_file = trace_path(run_dir / REPLAY_DIR, unit)
     out_file.parent.mkdir(parents=True, exist_ok=True)
+    written = per_prompt(proposers, policy.greedy)
     keep = resume({KIND: out_file}, run_dir / REPLAY_DIR, unit,  # an interrupted unit goes on
-                  lambda traces: replay_done(traces[KIND], names,
-                                              [str(p) for p in per_prompt(proposers, policy.greedy)]))
+                  lambda traces: replay_done(traces[KIND], names, [str(p) for p in written]))
     if not keep:
         discard(out_file)
     tw = TraceWriter(out_file, config=base.id, mode=KIND, policy=policy.label)
@@ -71,19 +73,22 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[Draf
                              g["stop_token"] if eos else None))
         texts = [toks for _, toks, _, _ in todo]
 
+        # blocks up to the longest draft: the sweep's gammas, and llama.cpp's n-gram types' own
+        k_max = max([gamma_max, *(p.own_gamma or 0 for p in proposers)]) + 1
+
         def costs() -> dict[str, dict]:
             """Per proposer, its costs over the prompts' own text at a short and a long context."""
             text = [t for x in texts for t in x]
-            ctxs = spanned_contexts([len(x) for x in texts], [len(t) + len(o) for _, t, o, _ in todo], gamma_max + 1)
+            ctxs = spanned_contexts([len(x) for x in texts], [len(t) + len(o) for _, t, o, _ in todo], k_max)
             starts = [x[:-1] for x in texts]  # as teacher_forced and stepwise_argmax evaluate a prompt
-            t = in_situ(target, None, text, gamma_max + 1, ctxs, cache=cache, prefixes=starts)
+            t = in_situ(target, None, text, k_max, ctxs, cache=cache, prefixes=starts)
             out = {}
             for spec, name in zip(proposers, names):
                 if spec.model:
-                    d = in_situ(None, engines[name], text, gamma_max + 1, ctxs, cache=cache, prefixes=starts)
+                    d = in_situ(None, engines[name], text, k_max, ctxs, cache=cache, prefixes=starts)
                     d = {k: v for k, v in d.items() if k.startswith("draft_")}
-                else:  # a lookup's own time, without a spread
-                    d = {"draft_ms_by_context": [[ngram_ms(spec.ngram, texts)] * (gamma_max + 1)] * len(t["contexts"])}
+                else:  # a model-free proposer's own time, without a spread
+                    d = {"draft_ms_by_context": [[lookup_ms(spec, texts)] * k_max] * len(t["contexts"])}
                 out[name] = t | {"proposer": name, "overhead_ms": overhead} | d
             return out
         # measured before the prompts and again after them, minutes apart, and pooled: a machine's drift between
@@ -100,9 +105,9 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[Draf
             p_rows = None if policy.greedy else [process(r, policy)
                                                  for r in teacher_forced(target, toks, forced, cache)]
             for spec, name in zip(proposers, names):
+                if spec not in written:
+                    continue  # recomputed from the tokens by analysis.replay
                 if spec.ngram:
-                    if policy.greedy:
-                        continue  # recomputed from the tokens by analysis.replay
                     from harness.proposers import NgramProposer
                     ng = NgramProposer(spec.ngram)
                     blocks = []  # per step start j: p of each token the lookup proposes there, at its position
@@ -147,9 +152,9 @@ def proposers(instances: list[Instance], params: Params, base: Instance | None =
 
 
 def per_prompt(proposers: list[DraftSpec], greedy: bool) -> list[DraftSpec]:
-    """The proposers that write a replay record per prompt: under greedy a lookup's is recomputed from the
-    tokens."""
-    return [p for p in proposers if not greedy or p.model]
+    """The proposers that write a replay record per prompt: a lookup's steps are recomputed from the tokens under
+    greedy, and llama.cpp's n-gram types' under any policy (analysis.replay.llama_ngram_steps)."""
+    return [p for p in proposers if p.model or (p.ngram and not greedy)]
 
 
 def stepwise_argmax(engine, prompt: list[int], forced: list[int], cache=None) -> list[int]:
@@ -164,17 +169,29 @@ def stepwise_argmax(engine, prompt: list[int], forced: list[int], cache=None) ->
     return out
 
 
-def ngram_ms(n: int, texts: list[list[int]]) -> float:
-    """Median ms of an n-gram lookup over the prompts' own texts."""
+def lookup_ms(spec: DraftSpec, texts: list[list[int]]) -> float:
+    """Median ms of a model-free proposer's propose call over the prompts' own texts: the harness's lookup over each
+    whole text; one of llama.cpp's n-gram types, fresh and begun on a text's first half, at each of the next
+    LOOKUP_CALLS positions, as a generation calls it (its state grows with the cache)."""
     import statistics
 
+    from harness.llamangram import proposer
     from harness.proposers import NgramProposer
-    ng = NgramProposer(n)
+    from harness.sampling import Policy
     times = []
     for t in texts:
-        s = time.perf_counter()
-        ng.propose(t, 4)
-        times.append((time.perf_counter() - s) * 1000)
+        if spec.ngram:
+            p, n, calls = NgramProposer(spec.ngram), 4, [t]
+        else:
+            half = len(t) // 2
+            p, n = proposer(spec), spec.own_gamma
+            p.prefill(t[:half], Policy())
+            calls = [t[:j] for j in range(half + 1, min(len(t), half + LOOKUP_CALLS) + 1)]
+        for ctx in calls:
+            s = time.perf_counter()
+            p.propose(ctx, n)
+            times.append((time.perf_counter() - s) * 1000)
+            p.accepted(ctx, 0)
     return statistics.median(times)
 
 

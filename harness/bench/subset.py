@@ -1,7 +1,8 @@
 """The timed subset (`--timed-subset N`): with a replay, only some configurations are timed, chosen from its
-predictions: per category and policy, each proposer's predicted best gamma and gamma 1, on the category's first
-N prompts, paired with plain decoding as ever. They check the predictions; the predictions carry the verdicts.
-The gamma is chosen on the category's other prompts, so that the timed runs check it out of sample."""
+predictions: per category and policy, each proposer's predicted best gamma and gamma 1 (of llama.cpp's n-gram
+types, one gamma each, the best predicted alone), on the category's first N prompts, paired with plain decoding as
+ever. They check the predictions; the predictions carry the verdicts. The gamma is chosen on the category's other
+prompts, so that the timed runs check it out of sample."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +11,7 @@ import polars as pl
 
 from harness.bench.noise import busy_units
 from harness.instance import Instance
+from harness.specs import LlamaNgram, parse_draft
 
 
 def first_prompts(prompts: list, n: int) -> dict[str, list]:
@@ -35,14 +37,21 @@ def choose(run_dir: Path, instances: list[Instance], prompts: list,
     pred = pred.filter(~pl.col("adaptive"))
     by_key = {(i.plain().id, i.policy.label, i.draft_label, i.gamma): i.id
               for i in instances if not i.baseline and not i.adaptive}
-    chosen: dict[str, list[str]] = {}
-    for (base, policy, cat, proposer), g in pred.group_by(["config", "policy", "category", "proposer"],
-                                                          maintain_order=True):
+    llama = pl.col("draft").is_in([d for d in pred["draft"].unique() if isinstance(parse_draft(d), LlamaNgram)])
+    picks = []
+    for (base, policy, cat, proposer), g in pred.filter(~llama).group_by(["config", "policy", "category", "proposer"],
+                                                                         maintain_order=True):
         best = int(g.sort("speedup", descending=True)["gamma"][0])
-        for gamma in dict.fromkeys((best, 1)):
-            config = by_key.get((base, policy, proposer, gamma))
-            if config is not None:
-                chosen.setdefault(config, []).extend(firsts.get(cat, []))
+        picks += [(base, policy, cat, proposer, gamma) for gamma in dict.fromkeys((best, 1))]
+    # llama.cpp's n-gram types have one gamma each, and a sweep may size each several ways: the group's best alone
+    for (base, policy, cat), g in pred.filter(llama).group_by(["config", "policy", "category"], maintain_order=True):
+        r = g.sort("speedup", descending=True).row(0, named=True)
+        picks.append((base, policy, cat, r["proposer"], int(r["gamma"])))
+    chosen: dict[str, list[str]] = {}
+    for base, policy, cat, proposer, gamma in picks:
+        config = by_key.get((base, policy, proposer, gamma))
+        if config is not None:
+            chosen.setdefault(config, []).extend(firsts.get(cat, []))
     # and what each predicted "speculate" would have its commands run, timed before the answer rests on it
     # (over all prompts, as the answer is predicted; an adaptive gamma's best fixed one, as llama.cpp runs)
     for (base, policy, cat, proposer, gamma) in answered(run_dir):

@@ -12,6 +12,7 @@ from harness.analysis.verdict import (BEYOND, BUSY, INCONCLUSIVE, MIN_GAIN, NO_G
                                       decide)
 from harness.report.fmt import beside, ci, table
 from harness.report.verdicts import LEVEL_BUSY, speculated
+from harness.specs import parse_draft
 
 GROUP = ["target", "ngl", "threads", "setup", "policy", "category"]
 SHOWN_GAMMAS = (1, 2, 4, 8)
@@ -147,7 +148,11 @@ def verdict_rules(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
                 "configurations alone.", ""]
     if v is None or not len(v):
         return []
-    gm = int(r["gamma"].max())
+    own = pl.col("draft").is_in(list(_own_gamma(r)))
+    swept, k_own = r.filter(~own), r.filter(own)["proposer"].n_unique()
+    gm = int((swept if len(swept) else r)["gamma"].max())
+    tried = [f"{swept['proposer'].n_unique()} proposers x {gm} gammas"] * bool(len(swept)) + \
+        [f"{k_own} of llama.cpp's n-gram types at their own gamma"] * bool(k_own)
     gain = f"{v['min_gain'][0]:.0%}"
     return ["**Predicted from every prompt (replay).** "
             "Each plain baseline's outputs were teacher-forced through every draft (and the n-gram proposals "
@@ -158,7 +163,7 @@ def verdict_rules(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
             "follow. With the decode costs measured beside the replay, levelled to each category's measured plain "
             "speed, that predicts the speedup of every configuration from every prompt. The verdicts follow the rule "
             f"above (95%) at a least gain worth having of {gain}, over all "
-            f"{r.select('proposer').n_unique()} proposers x {gm} gammas of a group (widened for speculate, *). "
+            f"{' and '.join(tried)} of a group (widened for speculate, *). "
             "Settled by: the bound that settled the claim, or the further prompts that would settle the likeliest "
             "verdict with 80% probability. Timed run: the named configuration, timed; confirmed when its interval "
             "lies on the verdict's side of its bar, CONTRADICTED when it lies wholly on the other side, consistent "
@@ -179,20 +184,24 @@ def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
 
 def _acceptance(r: pl.DataFrame) -> list[str]:
     """Acceptance depends on the models, the prompts and the policy only: not on this machine."""
+    own = sorted(set(_own_gamma(r).values()) - set(SHOWN_GAMMAS))
+    shown = sorted([*SHOWN_GAMMAS, *own])
+
     def rows(r: pl.DataFrame) -> list[str]:
         out = []
         for (cat, pol, prop), g in r.group_by(["category", "policy", "proposer"], maintain_order=True):
             by = {x["gamma"]: x for x in g.iter_rows(named=True)}
-            out.append([cat, pol, prop, by[1]["kind"], ci(by[1]["alpha"], by[1]["alpha_lo"], by[1]["alpha_hi"],
-                                                          ".3f")]
+            low = by[min(by)]  # gamma 1; an n-gram type of llama.cpp's has its own alone
+            out.append([cat, pol, prop, low["kind"], ci(low["alpha"], low["alpha_lo"], low["alpha_hi"], ".3f")]
                        + [ci(by[k]["mean_accepted_len"], by[k]["mean_accepted_len_lo"], by[k]["mean_accepted_len_hi"])
-                          if k in by else "" for k in SHOWN_GAMMAS])
+                          if k in by else "" for k in shown])
         return [table(out, ["category", "policy", "proposer", "kind", "alpha"]
-                      + [f"accepted/step g={k}" for k in SHOWN_GAMMAS]), ""]
+                      + [f"accepted/step g={k}" for k in shown]), ""]
     return ["## Acceptance (models, prompts and policy only)", "",
             "alpha: per position (greedy: the rate at which the draft's proposal matches the output); mean accepted "
-            "drafts per verification step at gamma 1, 2, 4, 8. Exact under greedy, expected under sampling.", "",
-            *per_target(r, rows)]
+            "drafts per verification step at gamma 1, 2, 4, 8" + (", and llama.cpp's n-gram types' at their own"
+                                                                   if own else "")
+            + ". Exact under greedy, expected under sampling.", "", *per_target(r, rows)]
 
 
 def _speedup(r: pl.DataFrame) -> list[str]:
@@ -200,12 +209,17 @@ def _speedup(r: pl.DataFrame) -> list[str]:
         out = []
         for (cat, pol, prop), g in r.group_by(["category", "policy", "proposer"], maintain_order=True):
             best = g.sort("speedup", descending=True).row(0, named=True)
-            one = g.filter(pl.col("gamma") == 1).row(0, named=True)
+            one = g.filter(pl.col("gamma") == 1).rows(named=True)  # none for llama.cpp's n-gram types
             out.append([cat, pol, prop, best["gamma"], ci(best["speedup"], best["speedup_lo"], best["speedup_hi"],
                                                          unit="x"),
-                        ci(one["speedup"], one["speedup_lo"], one["speedup_hi"], unit="x")])
+                        ci(one[0]["speedup"], one[0]["speedup_lo"], one[0]["speedup_hi"], unit="x") if one else ""])
         return [table(out, ["category", "policy", "proposer", "best gamma", "at best gamma", "at gamma 1"]), ""]
     return ["## Predicted speedup (acceptance and cost combined)", "", *per_target(r, rows)]
+
+
+def _own_gamma(r: pl.DataFrame) -> dict[str, int]:
+    """{draft: gamma} of the drafts predicted at their own gamma alone (llama.cpp's n-gram types)."""
+    return {d: g for d in r["draft"].unique() if (g := parse_draft(d).own_gamma)}
 
 
 def _rules(r: pl.DataFrame) -> list[str]:
