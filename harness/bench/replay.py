@@ -102,8 +102,9 @@ def replay_unit(base: Instance, round_: int, prompts: list, proposers: list[Draf
             common = {"category": pr.category, "prompt_id": pr.id, "repeat": 0}
             tw.write({"type": "replay_prompt", **common, "prompt_tokens": toks, "tokens": out,
                       "stop_token": stop, "max_tokens": params.max_tokens or pr.max_tokens})
-            p_rows = None if policy.greedy else [process(r, policy)
-                                                 for r in teacher_forced(target, toks, forced, cache)]
+            # the target's own pass, for the proposers that write a record (none: llama.cpp's n-gram types alone)
+            p_rows = None if policy.greedy or not written else [process(r, policy)
+                                                                for r in teacher_forced(target, toks, forced, cache)]
             for spec, name in zip(proposers, names):
                 if spec not in written:
                     continue  # recomputed from the tokens by analysis.replay
