@@ -24,7 +24,7 @@ LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl
              "flash_attn", "ubatch", "parallel", "kv_unified")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset",
-               "min_gain", "prompt_cache", "also", "engine", "llama_server")
+               "min_gain", "prompt_cache", "also", "engine", "llama_server", "server_check")
 ENGINES = ("harness", "server")  # who generates: the harness's own loop, or llama-server (harness.bench.serverunit)
 
 
@@ -76,6 +76,7 @@ class Params:
     also: list = field(default_factory=list)  # further sweeps: dicts of list keys replacing this one's
     engine: str = "harness"  # ENGINES
     llama_server: str = ""  # with engine server: the llama-server to run ("": make native's, binary.find)
+    server_check: int = 0  # each answer's configuration run in llama-server on its category's first N prompts
 
     def __post_init__(self):
         # the one place drafts and gammas are read: every Params holds them typed
@@ -116,7 +117,8 @@ def load_profile(name: str, path: Path | None = None) -> dict:
 SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
                 "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int,
-                "min_gain": (int, float), "prompt_cache": bool, "also": list, "engine": str, "llama_server": str}
+                "min_gain": (int, float), "prompt_cache": bool, "also": list, "engine": str, "llama_server": str,
+                "server_check": int}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:
@@ -185,6 +187,9 @@ def check(p: Params) -> None:
         raise HarnessError(f"--replay-gamma must be >= 1, got {p.replay_gamma}")
     if p.replay_gamma != Params.replay_gamma and not p.replay:
         raise HarnessError(f"--replay-gamma {p.replay_gamma} sets how far the replay goes: give --replay with it")
+    if p.server_check < 0 or (p.server_check and p.engine == "server"):
+        raise HarnessError("--server-check N (N >= 1 prompts per category) runs each answer in llama-server after the "
+                           "harness's own measurements; with --engine server they are llama-server's already")
     if p.timed_subset < 0 or (p.timed_subset and not p.replay):
         raise HarnessError("--timed-subset N (N >= 1 prompts per category) times what the replay chose: give --replay")
     if p.timed_subset and p.until_confident:
@@ -251,8 +256,9 @@ def _check_engine(p: Params) -> None:
     if p.engine not in ENGINES:
         raise HarnessError(f"--engine {p.engine}: give harness (the harness's own loop) or server (llama-server)")
     if p.engine != "server":
-        if p.llama_server:
-            raise HarnessError("--llama-server names the binary --engine server runs: give --engine server with it")
+        if p.llama_server and not p.server_check:
+            raise HarnessError("--llama-server names the binary --engine server or --server-check runs: give one of "
+                               "them with it")
         return
     for d in p.draft:
         if d.ngram:

@@ -318,3 +318,14 @@ def test_a_malformed_further_sweep_is_refused(also):
 def test_a_further_sweep_is_checked_like_the_main_one():
     with pytest.raises(HarnessError, match="threads"):
         make_params(PROFILE | {"also": [{"threads": [-1]}]}, {})
+
+
+@pytest.mark.parametrize("given, words", [
+    ({"server_check": -1}, ["--server-check N (N >= 1"]),
+    ({"server_check": 2, "engine": "server"}, ["llama-server's already"]),
+    ({"llama_server": "/x/llama-server"}, ["--llama-server names the binary", "--server-check"])])
+def test_server_check_options(given, words):
+    with pytest.raises(HarnessError) as e:
+        check(Params(**given))
+    assert all(w in str(e.value) for w in words)
+    check(Params(server_check=2, llama_server="/x/llama-server"))  # the binary the check runs
