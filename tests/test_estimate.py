@@ -263,14 +263,17 @@ def test_requests_decoded_together_share_each_steps_time():
 
 
 def test_the_llama_server_check_by_hand():
-    """Per baseline (two policies) and category (two), on the category's first prompt (100 tokens, 32 out): a
-    speculative server and its plain twin, each a server start (worker and model load) evaluating the prompt and
-    decoding 32 tokens at the plain pace."""
+    """What the budget keeps of the check: per target, one group (the mean over its policies and categories; here
+    all alike) on its category's first prompt (100 tokens, 32 out): a speculative server and its plain twin, each a
+    server start (worker and model load) evaluating the prompt and decoding 32 tokens at the plain pace."""
     ps = prompts(2)
     p = replace(PARAMS, server_check=1)
     parts = remaining_parts([], [BASE, SBASE, SPEC], {}, ps, p, None, {"timed": True}, figures(ps))
     one = 100 * 5 + 32 * 30 + (WORKER_S + MODEL_S) * 1000
     assert list(parts)[-3:] == ["llama-server check", "worker starts and model loads", "reports"]
-    assert parts["llama-server check"] * 1000 == pytest.approx(2 * 2 * 2 * one)
+    assert parts["llama-server check"] * 1000 == pytest.approx(2 * one)
+    other = replace(BASE, target=T2)
+    two = remaining_parts([], [BASE, SBASE, other], {}, ps, p, None, {"timed": True}, figures(ps))
+    assert two["llama-server check"] * 1000 == pytest.approx(2 * 2 * one)
     assert "llama-server check" not in remaining_parts([], [BASE], {}, ps, PARAMS, None, {"timed": True},
                                                        figures(ps))

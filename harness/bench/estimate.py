@@ -282,12 +282,13 @@ def fidelity_ms(params: Params, prompts: list, fig: Figures, ledger: Ledger) -> 
 
 
 def server_check_ms(instances: list[Instance], prompts: list, params: Params, fig: Figures) -> float:
-    """--server-check (bench.confirm): per plain baseline (target and policy) and category, one configuration in
-    llama-server and its plain twin, each a server started for it (a model load) evaluating and generating the
-    category's first N prompts, no prompt cache. A speculative server is priced as the plain one (what it gains
-    or loses is what it measures)."""
+    """--server-check (bench.confirm) as the budget plans it: per target, one answer's configuration in
+    llama-server and its plain twin, each a server started for it (a model load) evaluating and generating a
+    category's first N prompts (the mean over its baselines and categories), no prompt cache. A speculative server
+    is priced as the plain one (what it gains or loses is what it measures). The run goes on checking the other
+    answers while its budget lasts (bench.confirm orders them), so this is what the cuts keep, not all it spends."""
     from harness.bench.subset import first_prompts
-    ms = 0.0
+    groups: dict[str, list[float]] = {}
     for b in instances:
         if not b.baseline:
             continue
@@ -297,8 +298,8 @@ def server_check_ms(instances: list[Instance], prompts: list, params: Params, fi
             tokens = sum(params.max_tokens or p.max_tokens for p in ps)
             one = sum(pr.prompt(fig.tokens(b.target, p)) for p in ps) + \
                 tokens * pr.decode(_context(b.target, ps, params, fig)) + (WORKER_S + pr.load_s) * 1000
-            ms += 2 * one
-    return ms
+            groups.setdefault(b.target, []).append(2 * one)
+    return sum(sum(ms) / len(ms) for ms in groups.values())
 
 
 def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict,
