@@ -188,8 +188,9 @@ def in_server(a: dict) -> str:
     acc = "nothing drafted" if a["server_acceptance"] is None else f"{a['server_acceptance']:.0%} of drafts accepted"
     same = f", {a['server_same']}/{a['server_compared']} outputs equal to plain" if a["server_compared"] else ""
     holds = a["server_holds"]
-    verdict = {"holds": "the verdict holds there", "contradicted": "it contradicts the verdict",
-               "unsettled": "its interval neither holds nor contradicts the verdict"}.get(
+    verdict = "one prompt gives no interval" if a["server_lo"] is None else {
+        "holds": "the verdict holds there", "contradicted": "it contradicts the verdict",
+        "unsettled": "its interval neither holds nor contradicts the verdict"}.get(
         holds, f"its interval alone says {a['server_reading']}")
     return (f"In llama-server (`{a['server_flags']}`, {a['server_prompts']} prompt(s)): "
             f"{ci(a['server_speedup'], a['server_lo'], a['server_hi'], unit='x')}, {acc}{same}; {verdict}.")
