@@ -68,3 +68,15 @@ def test_without_a_llama_server_the_run_and_its_report_say_so(run, tmp_path, cap
     assert read_plan(run)["server_check"]["not_run"]
     assert not (run / "crosscheck.json").exists()
     assert "Not run in llama-server (`--server-check`):" in report(run)
+
+
+def test_a_check_the_budget_cannot_hold_is_passed_over_for_cheaper_ones(run, fake):
+    """Priced by cost(check) and scaled by what the measured ones took against their price: the first check, priced
+    over the time left, is skipped, and the cheaper ones after it run."""
+    from harness.crosscheck.checks import checks
+    from harness.crosscheck.run import measure_checks
+    found, _ = checks(run, "all", 1)
+    price = {id(c): 1e6 if k == 0 else 0.01 for k, c in enumerate(found)}
+    rows, measured = measure_checks(run, found, [], fake, "version: 4242 (fake0000)", None, 30.0, 30.0,
+                                    keep_going=True, time_left=lambda: 60.0, cost=lambda c: price[id(c)])
+    assert measured == 3 and rows[0]["skip"] == UNMEASURED and all(r.get("llama") for r in rows[1:])

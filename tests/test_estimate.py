@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, Weights, batched_ms, batched_step_costs,
+from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, Weights, batched_ms, batched_step_costs, check_ms,
                                     in_situ_ms, remaining_parts, replay_ms, subset_ms, unit_ms)
 from harness.bench.probe import MODEL_S, Figures, Probe
 from harness.instance import Instance
@@ -277,3 +277,10 @@ def test_the_llama_server_check_by_hand():
     assert two["llama-server check"] * 1000 == pytest.approx(2 * 2 * one)
     assert "llama-server check" not in remaining_parts([], [BASE], {}, ps, PARAMS, None, {"timed": True},
                                                        figures(ps))
+
+
+def test_one_check_by_hand():
+    """Two prompts of 100 tokens, 32 out each: both servers start (worker and model load), evaluate and generate
+    them at the plain pace."""
+    got = check_ms(BASE, [("a", [0] * 100, 32), ("b", [0] * 100, 32)], PARAMS, figures([]))
+    assert got == pytest.approx(2 * (2 * (100 * 5 + 32 * 30) + (WORKER_S + MODEL_S) * 1000))

@@ -19,9 +19,11 @@ START_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 600.0
 
 
-def server_check(params: Params, run_dir: Path, plan: dict, time_left=None) -> None:
+def server_check(params: Params, run_dir: Path, plan: dict, time_left=None, figures=None) -> None:
     """Measure the run's answers in llama-server (crosscheck.json and .md in the run directory); where it cannot
-    run, one line on stderr and in plan.json's `server_check`, which the report shows."""
+    run, one line on stderr and in plan.json's `server_check`, which the report shows. figures: the run's probes
+    (bench.probe.Figures), which price each check so that one the budget cannot hold is passed over for the next
+    (estimate.check_ms)."""
     from harness.crosscheck import binary as binary_mod
     from harness.crosscheck.checks import checks
     from harness.crosscheck.run import kept_rows, measure_checks
@@ -39,4 +41,10 @@ def server_check(params: Params, run_dir: Path, plan: dict, time_left=None) -> N
     click.echo(f"llama-server check: {sum(not c.skip for c in found)} configuration(s), {params.server_check} "
                f"prompt(s) each, in {binary}", err=True)
     measure_checks(run_dir, found, kept_rows(run_dir), binary, version, None, START_TIMEOUT_S, REQUEST_TIMEOUT_S,
-                   keep_going=True, time_left=time_left)
+                   keep_going=True, time_left=time_left, cost=None if figures is None else _cost(params, figures))
+
+
+def _cost(params: Params, figures):
+    """A check's estimated seconds, from the run's probes."""
+    from harness.bench.estimate import check_ms
+    return lambda c: check_ms(c.inst, c.prompts, params, figures) / 1000

@@ -281,6 +281,16 @@ def fidelity_ms(params: Params, prompts: list, fig: Figures, ledger: Ledger) -> 
     return ms
 
 
+def check_ms(inst: Instance, prompts: list[tuple[str, list[int], int]], params: Params, fig: Figures) -> float:
+    """One answer's configuration in llama-server (crosscheck.run.measure_checks) on its prompts (id, token ids,
+    max tokens): its server and the plain twin's, each started (a model load), evaluating every prompt and
+    generating its tokens at the plain pace, no prompt cache."""
+    cfg = inst.engine_config(params.n_ctx)
+    pr = fig.probe(inst.target, cfg.resolved_threads(), inst.ngl)
+    one = sum(pr.prompt(len(t)) + mt * pr.decode(len(t) + mt / 2) for _, t, mt in prompts)
+    return 2 * (one + (WORKER_S + pr.load_s) * 1000)
+
+
 def server_check_ms(instances: list[Instance], prompts: list, params: Params, fig: Figures) -> float:
     """--server-check (bench.confirm) as the budget plans it: per target, one answer's configuration in
     llama-server and its plain twin, each a server started for it (a model load) evaluating and generating a

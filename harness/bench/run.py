@@ -179,7 +179,9 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             part("drift check", _closing_baselines, instances, skipped, first, params, run_dir, weights)
         part("fidelity", _target_fidelity, params, first, run_dir)
         if params.server_check:  # the answers, now final, in llama-server
-            part("llama-server check", server_check, params, run_dir, plan, lambda: left_s("llama-server check"))
+            # the last part: every worker start and load is paid by now, so only the reports come after it
+            part("llama-server check", server_check, params, run_dir, plan,
+                 lambda: left_s("worker starts and model loads"), figures)
     except KeyboardInterrupt as e:
         from harness.procs import Terminated
         if params.until_confident:

@@ -90,14 +90,16 @@ def kept_rows(run_dir: Path) -> list[dict]:
 
 def measure_checks(run_dir: Path, found: list[Check], old: list[dict], binary: Path, version: str,
                    port: int | None, start_timeout: float, request_timeout: float, keep_going: bool = False,
-                   time_left=None) -> tuple[list[dict], int]:
+                   time_left=None, cost=None) -> tuple[list[dict], int]:
     """Measure each check not already in `old` (crosscheck.json's rows), saving the file after each. keep_going:
     a check that fails is a row saying why and the next one runs (bench), else the error stops it all (with what
-    finished kept). time_left(): seconds left to spend, or None; a check starts only where the mean time of those
-    measured so far fits (the first where any is left), the rest are rows saying they were not measured."""
+    finished kept). time_left(): seconds left to spend, or None; cost(check): its estimated seconds, scaled by
+    what the checks measured so far took against their estimates. A check starts only where it fits (without
+    cost, where the mean time of those measured so far does; the first where any time is left); one that does
+    not is a row saying so, and the next, perhaps cheaper, is tried."""
     done = {r["key"]: r for r in old if not r.get("skip")}
     rows: list[dict] = []
-    measured, spent = 0, []
+    measured, spent, ratios = 0, [], []
     for c in found:
         where = f"{c.answer['category']}, {c.answer['policy']}: {c.answer['configuration']}"
         if c.skip:
@@ -109,7 +111,10 @@ def measure_checks(run_dir: Path, found: list[Check], old: list[dict], binary: P
             click.echo(f"crosscheck: {where}: kept from {output.JSON}", err=True)
             continue
         left = time_left() if time_left else None
-        if left is not None and left < (sum(spent) / len(spent) if spent else 0.0):
+        est = cost(c) if cost else None
+        need = est * (sum(ratios) / len(ratios) if ratios else 1.0) if est else \
+            (sum(spent) / len(spent) if spent else 0.0)
+        if left is not None and left < need:
             rows.append(base_row(c) | {"key": f"later-{c.key}", "skip": UNMEASURED})
             continue
         click.echo(f"crosscheck: {where} ({c.answer['verdict']}), {len(c.prompts)} prompt(s), plain and "
@@ -128,6 +133,8 @@ def measure_checks(run_dir: Path, found: list[Check], old: list[dict], binary: P
             continue
         finally:
             spent.append(time.monotonic() - t0)
+            if est:
+                ratios.append(spent[-1] / est)
         measured += 1
         rows.append(base_row(c) | {
             "key": c.key, "tool": version, "binary": str(binary), "speculative_command": c.spec_args,
