@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, Weights, batched_ms, batched_step_costs, check_ms,
-                                    in_situ_ms, remaining_parts, replay_ms, subset_ms, unit_ms)
+from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, Weights, batched_ms, batched_step_costs,
+                                    check_ms, in_situ_ms, remaining_parts, replay_ms, subset_ms, unit_ms)
 from harness.bench.probe import MODEL_S, Figures, Probe
 from harness.instance import Instance
 from harness.plan import Params
