@@ -63,7 +63,8 @@ def test_margin():
 
 def test_a_servers_divergence_is_checked_at_every_block_it_could_have_run_in():
     """llama-server reports no blocks: a block of some size and offset that chooses the speculative token is the
-    kernels' doing (near-tie); none choosing it is a mismatch."""
+    kernels' doing (near-tie); where none does, the server's own kernels decided it, unreproduced here: unchecked,
+    not called a mismatch."""
     target = FakeEngine(len(PROMPT), SCRIPT, batched={3: 15}, margin=0.119)
     plain, _ = run(target)
     spec, _ = run(target, gamma=3)
@@ -72,5 +73,8 @@ def test_a_servers_divergence_is_checked_at_every_block_it_could_have_run_in():
     assert found["margin"] == pytest.approx(0.119, abs=1e-4) and found["plain_argmax"] == 8
     broken = [5, 6, 9, 8, 9, 10, 11, 12]
     found = unknown_blocks_check(FakeEngine(len(PROMPT), SCRIPT), PROMPT, broken, plain, longest=3)
-    assert found["kind"] == "mismatch" and found["diverged_at"] == 2 and "2 to 4 rows" in found["why"]
+    assert found["kind"] == "unchecked" and found["diverged_at"] == 2 and "2 to 4 rows" in found["why"]
+    # this process's own single-token evaluation choosing the server's speculative token is evidence enough
+    found = unknown_blocks_check(FakeEngine(len(PROMPT), SCRIPT), PROMPT, plain, [5, 6, 9, 8], longest=3)
+    assert (found["kind"], found["block_len"]) == ("kernel near-tie", 1)
     assert unknown_blocks_check(target, PROMPT, plain, plain, longest=3) is None

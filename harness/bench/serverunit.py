@@ -17,7 +17,8 @@ verdicts and output checks come out of the same analysis.
   the prompt's logits, timed in prompt_ms).
 - Greedy speculative outputs are compared token for token with their plain twins'; once the unit's servers have
   stopped, each divergence is classified on the target loaded here (divergence.unknown_blocks_check: the server
-  does not say which verification block held the position, so every block it could have run in is tried).
+  does not say which verification block held the position, so every block it could have run in is tried; where
+  no evaluation here chooses the speculative token, the server's own kernels decided it: unchecked).
 - Anything that stops the unit (a flag this binary lacks, a server that exits at start, dies, never answers or
   answers without timings) is one line in the unit's error row; the sweep goes on with the next unit."""
 from __future__ import annotations

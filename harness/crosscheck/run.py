@@ -11,12 +11,12 @@ import click
 
 from harness.crosscheck import binary as binary_mod
 from harness.report import llamaserver as output
+from harness.report.llamaserver import UNMEASURED
 from harness.crosscheck.checks import Check, checks
 from harness.crosscheck.server import Server, free_port, require_free
 from harness.analysis.serverstats import fault, figures, row_fault, same_outputs
 from harness.errors import HarnessError
 
-UNMEASURED = "not measured within the run's budget (harness crosscheck RUN measures it)"
 
 
 def payload(tokens: list[int], max_tokens: int, pol) -> dict:

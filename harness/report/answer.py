@@ -10,6 +10,7 @@ import polars as pl
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SETTLED, SPECULATE
 from harness.models.arch import implications, words
 from harness.report.fmt import beside, ci
+from harness.report.llamaserver import UNMEASURED
 from harness.report.replayed import best_fixed, confirmation
 from harness.report.verdicts import GROUP, LEVEL_REPLAY
 from harness.specs import parse_draft
@@ -169,6 +170,10 @@ def section(rows: list[dict], models: dict | None = None, server: str = "") -> l
     said = [" ".join([f"The target {t}: {words(f)}.", *implications(f)])
             for t in dict.fromkeys(r["target"] for r in rows) if (f := (models or {}).get(t, {}).get("arch"))]
     lines += [" ".join(said), ""] if said else []
+    later = sum(r.get("server_skip") == UNMEASURED for r in rows)
+    if server and later:
+        server += (f" {len(rows) - later} of the {len(rows)} answers ran there within the run's budget; `harness "
+                   "crosscheck RUN_DIR` runs the others.")
     lines += [server, ""] if server else []
     for r in rows:
         lines.append(f"- {_where(r, vary)}{sentence(r)}")
@@ -181,6 +186,8 @@ def section(rows: list[dict], models: dict | None = None, server: str = "") -> l
 def in_server(a: dict) -> str:
     """The answer's configuration as llama-server ran it: its type and flags, speedup with interval, acceptance,
     outputs compared, and whether the verdict holds there (report.llamaserver's rule); or why it did not run."""
+    if a.get("server_skip") == UNMEASURED:
+        return ""  # counted once, in the line above the answers
     if a.get("server_skip"):
         return f"In llama-server: not measured: {a['server_skip']}."
     if a.get("server_prompts") is None:

@@ -12,6 +12,7 @@ from harness.report.fmt import ci, pct_ci, table
 
 JSON, MD = "crosscheck.json", "crosscheck.md"
 LOGS = "crosscheck-logs"
+UNMEASURED = "not measured within the run's budget (harness crosscheck RUN measures it)"
 VERSION = 1
 VARY = ("target", "ngl", "threads", "setup")
 RULE = ("A verdict holds in llama.cpp when llama-server's own 95% interval, over the same prompts, supports it by "
