@@ -12,7 +12,7 @@ from harness.models.arch import refusal
 from harness.models.drafts import FASTER_RATIO, default_roots, survey
 
 MODELS = 2  # draft models picked at most
-# the harness's prompt lookup at the N of every committed run (docs/findings/ngram-and-llamacpp-types.md)
+# the harness's prompt lookup at the N of every committed run (docs/findings/which-llamacpp-type.md)
 LOOKUP = "ngram:3"
 # llama.cpp's ngram-mod with its n-max cut from 64 to 16: on a CPU a verify of 65 tokens costs many decodes, so a
 # 64-token draft pays only where nearly all of it is accepted; n-min 12 keeps llama.cpp's default share of it (48
