@@ -197,13 +197,10 @@ def drafts(target, paths, as_json):
                                               "the answer is 'no gain worth having'; 'speculate' needs more.")
 @click.option("--busy-threshold", type=float,
               help="Share of all cores other processes may use before the machine counts as busy (default 0.05).")
-@click.option("--allow-busy", is_flag=True, help="Run on a busy machine anyway; its configurations are marked "
-                                                 "unreliable.")
+@click.option("--allow-busy", is_flag=True, help="Run on a busy machine anyway; its configurations marked unreliable.")
 @click.option("--rerun-busy", is_flag=True, help="With --resume: measure again what ran on a busy machine.")
-@click.option("--engine", help="Who generates: harness (its own loop, the default) or server (llama-server, one "
-              "server per configuration; docs/usage.md).")
-@click.option("--llama-server", help="The llama-server that --engine server and --server-check run (default: make "
-              "native's).")
+@click.option("--engine", help="Who generates: harness (its own loop, the default) or server (llama-server).")
+@click.option("--llama-server", help="What --engine server and --server-check run (default: make native's).")
 @click.option("--server-check", type=int, help="Run each answer's configuration in llama-server too (its own type and "
               "flags, speculative and plain), on the category's first N prompts.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, the time estimate and what the budget cut, then stop "
@@ -351,20 +348,22 @@ def predict(run_dir, cal_paths, against, out):
     say(str(predict_command(run_dir, list(cal_paths), against, out)))
 
 
+def server_timeouts(f):  # crosscheck's and server-check's
+    f = click.option("--request-timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")(f)
+    return click.option("--start-timeout", type=float, default=300.0, show_default=True,
+                        help="Seconds a server may take to load its models and answer /health.")(f)
+
+
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False), callback=home)
 @click.option("--llama-server", "llama_server", callback=home,
               help="llama.cpp's llama-server binary (default: the one `make native` built, then llama-server on PATH).")
 @click.option("--only", type=click.Choice(["all", "speculate"]), default="all", show_default=True,
-              help="speculate: only the answers that say speculate; all: also the best configuration of every other "
-                   "verdict.")
+              help="speculate: only the answers that say so; all: also every other verdict's best configuration.")
 @click.option("--per-category", type=int, default=0, show_default=True,
               help="The first N of the run's prompts of each category (0 = every one the run used).")
-@click.option("--port", type=int, help="The port on 127.0.0.1 the servers listen on, one after the other "
-                                      "(default: a free one).")
-@click.option("--start-timeout", type=float, default=300.0, show_default=True,
-              help="Seconds a server may take to load its models and answer /health.")
-@click.option("--request-timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
+@click.option("--port", type=int, help="The port on 127.0.0.1 the servers listen on in turn (default: a free one).")
+@server_timeouts
 @click.option("--redo", is_flag=True, help="Measure again the configurations crosscheck.json already holds.")
 def crosscheck(run_dir, **opts):
     """Run the configurations RUN_DIR's answers name in llama.cpp's own llama-server, speculative and plain, on the
@@ -382,9 +381,7 @@ def crosscheck(run_dir, **opts):
 @click.option("--max-tokens", type=int, default=64, show_default=True, help="Tokens per request.")
 @click.option("--llama-server", "llama_server", callback=home, help="The binary to run (default: the command's own "
               "program where that path exists, else the one `make native` built, then llama-server on PATH).")
-@click.option("--start-timeout", type=float, default=300.0, show_default=True, help="Seconds a server may take to "
-                                                                                     "load and answer /health.")
-@click.option("--request-timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
+@server_timeouts
 @click.option("--synth", type=int, default=0, help="Then N synthetic acceptance lengths (llama-server's "
               "--spec-synth-len): the acceptance at which the command's type pays here.")
 def server_check(command, **opts):
