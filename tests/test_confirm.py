@@ -54,6 +54,8 @@ def test_the_budget_stops_the_check_and_the_report_says_what_was_left(run, fake)
     md = report(run)
     assert "not measured" not in md and "1 of the 4 answers ran there within the run's budget" in md
     assert md.count("In llama-server (`") == 1
+    server_check(Params(server_check=1, llama_server=str(fake)), run, read_plan(run))  # with time: the rest, once
+    assert len(rows(run)) == 4 and all(r.get("llama") for r in rows(run))
 
 
 def test_a_failing_server_leaves_a_row_and_the_check_goes_on(run, fake, monkeypatch):

@@ -97,7 +97,8 @@ def measure_checks(run_dir: Path, found: list[Check], old: list[dict], binary: P
     what the checks measured so far took against their estimates. A check starts only where it fits (without
     cost, where the mean time of those measured so far does; the first where any time is left); one that does
     not is a row saying so, and the next, perhaps cheaper, is tried."""
-    done = {r["key"]: r for r in old if not r.get("skip")}
+    old = [r for r in old if not r.get("skip")]  # a row saying why one was not measured is made anew, or goes
+    done = {r["key"]: r for r in old}
     rows: list[dict] = []
     measured, spent, ratios = 0, [], []
     for c in found:
