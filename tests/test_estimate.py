@@ -282,5 +282,5 @@ def test_the_llama_server_check_by_hand():
 def test_one_check_by_hand():
     """Two prompts of 100 tokens, 32 out each: both servers start (worker and model load), evaluate and generate
     them at the plain pace."""
-    got = check_ms(BASE, [("a", [0] * 100, 32), ("b", [0] * 100, 32)], PARAMS, figures([]))
+    got = check_ms(BASE, [(100, 32), (100, 32)], PARAMS, figures([]))
     assert got == pytest.approx(2 * (2 * (100 * 5 + 32 * 30) + (WORKER_S + MODEL_S) * 1000))

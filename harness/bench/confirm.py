@@ -47,4 +47,4 @@ def server_check(params: Params, run_dir: Path, plan: dict, time_left=None, figu
 def _cost(params: Params, figures):
     """A check's estimated seconds, from the run's probes."""
     from harness.bench.estimate import check_ms
-    return lambda c: check_ms(c.inst, c.prompts, params, figures) / 1000
+    return lambda c: check_ms(c.inst, [(len(t), mt) for _, t, mt in c.prompts], params, figures) / 1000

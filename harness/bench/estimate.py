@@ -281,34 +281,28 @@ def fidelity_ms(params: Params, prompts: list, fig: Figures, ledger: Ledger) -> 
     return ms
 
 
-def check_ms(inst: Instance, prompts: list[tuple[str, list[int], int]], params: Params, fig: Figures) -> float:
-    """One answer's configuration in llama-server (crosscheck.run.measure_checks) on its prompts (id, token ids,
+def check_ms(inst: Instance, prompts: list[tuple[int, int]], params: Params, fig: Figures) -> float:
+    """One answer's configuration in llama-server (crosscheck.run.measure_checks) on its prompts (prompt tokens,
     max tokens): its server and the plain twin's, each started (a model load), evaluating every prompt and
-    generating its tokens at the plain pace, no prompt cache."""
+    generating its tokens at the plain pace, no prompt cache. A speculative server is priced as the plain one
+    (what it gains or loses is what it measures)."""
     cfg = inst.engine_config(params.n_ctx)
     pr = fig.probe(inst.target, cfg.resolved_threads(), inst.ngl)
-    one = sum(pr.prompt(len(t)) + mt * pr.decode(len(t) + mt / 2) for _, t, mt in prompts)
+    one = sum(pr.prompt(n) + mt * pr.decode(n + mt / 2) for n, mt in prompts)
     return 2 * (one + (WORKER_S + pr.load_s) * 1000)
 
 
 def server_check_ms(instances: list[Instance], prompts: list, params: Params, fig: Figures) -> float:
-    """--server-check (bench.confirm) as the budget plans it: per target, one answer's configuration in
-    llama-server and its plain twin, each a server started for it (a model load) evaluating and generating a
-    category's first N prompts (the mean over its baselines and categories), no prompt cache. A speculative server
-    is priced as the plain one (what it gains or loses is what it measures). The run goes on checking the other
-    answers while its budget lasts (bench.confirm orders them), so this is what the cuts keep, not all it spends."""
+    """--server-check (bench.confirm) as the budget plans it: per target, one check (check_ms) on a category's
+    first N prompts, the mean over its baselines and categories. The run goes on checking the other answers while
+    its budget lasts (bench.confirm orders them), so this is what the cuts keep, not all it spends."""
     from harness.bench.subset import first_prompts
     groups: dict[str, list[float]] = {}
     for b in instances:
-        if not b.baseline:
-            continue
-        cfg = b.engine_config(params.n_ctx)
-        pr = fig.probe(b.target, cfg.resolved_threads(), b.ngl)
-        for ps in first_prompts(prompts, params.server_check).values():
-            tokens = sum(params.max_tokens or p.max_tokens for p in ps)
-            one = sum(pr.prompt(fig.tokens(b.target, p)) for p in ps) + \
-                tokens * pr.decode(_context(b.target, ps, params, fig)) + (WORKER_S + pr.load_s) * 1000
-            groups.setdefault(b.target, []).append(2 * one)
+        if b.baseline:
+            for ps in first_prompts(prompts, params.server_check).values():
+                pairs = [(fig.tokens(b.target, p), params.max_tokens or p.max_tokens) for p in ps]
+                groups.setdefault(b.target, []).append(check_ms(b, pairs, params, fig))
     return sum(sum(ms) / len(ms) for ms in groups.values())
 
 
