@@ -256,6 +256,10 @@ def _check_engine(p: Params) -> None:
     if p.engine not in ENGINES:
         raise HarnessError(f"--engine {p.engine}: give harness (the harness's own loop) or server (llama-server)")
     if p.engine != "server":
+        for d in p.draft:
+            if d.server_only:
+                raise HarnessError(f"--draft {d}: llama-server's --spec-type {d.server_type} is measured in "
+                                   "llama-server only: add --engine server")
         if p.llama_server and not p.server_check:
             raise HarnessError("--llama-server names the binary --engine server or --server-check runs: give one of "
                                "them with it")

@@ -2,7 +2,9 @@
 lookup, a draft model) and how far (a fixed gamma, or adaptive up to a longest draft). Each writes itself as the
 string plan.json and the traces have always held, so runs recorded before these types read back the same.
 llama.cpp's model-free types that the harness ports (harness.llamangram) are LlamaNgram; further kinds are further
-DraftSpec subclasses with a parse rule here."""
+DraftSpec subclasses with a parse rule here. llama.cpp's types that only llama-server runs here (ServerType: its
+drafting heads and ngram-cache) and its comma lists of types (Combined, written with '+') are server_only: the plan
+refuses them outside --engine server."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,6 +36,20 @@ class DraftSpec:
         which a sweep's gammas do not replace; None where the gamma is the sweep's."""
         return None
 
+    @property
+    def server_type(self) -> str | None:
+        """llama-server's --spec-type for this proposer; None where it has none (the harness's own lookup)."""
+        return None
+
+    @property
+    def server_only(self) -> bool:
+        """Measured in llama-server only (--engine server): the harness's loop does not run it."""
+        return False
+
+    def longest(self, gamma: int) -> int:
+        """The longest draft a step verifies at the sweep's gamma."""
+        return self.own_gamma or gamma
+
 
 @dataclass(frozen=True)
 class NoDraft(DraftSpec):
@@ -42,6 +58,10 @@ class NoDraft(DraftSpec):
     @property
     def plain(self) -> bool:
         return True
+
+    @property
+    def server_type(self) -> str:
+        return NONE
 
     def __str__(self) -> str:
         return NONE
@@ -62,6 +82,10 @@ class DraftModel(DraftSpec):
     """A draft model, by catalogue name or GGUF path."""
     model: str = ""
 
+    @property
+    def server_type(self) -> str:
+        return "draft-simple"
+
     def __str__(self) -> str:
         return self.model
 
@@ -74,7 +98,12 @@ LLAMA_NGRAM = {
     "ngram-map-k4v": (("size-n", 12, 1), ("size-m", 48, 1), ("min-hits", 1, 1)),
     "ngram-mod": (("n-match", 24, 1), ("n-max", 64, 0), ("n-min", 48, 0)),
 }
-NOT_PORTED = ("ngram-cache",)  # llama.cpp's other model-free type
+# llama.cpp's types the harness's loop does not run (ServerType), measured in llama-server: ngram-cache drafts up to
+# 8 tokens (speculative.cpp's create_state_ngram_cache); a head drafts for its target through the draft context
+HEADS = ("draft-mtp", "draft-eagle3", "draft-dflash")
+NOT_PORTED = ("ngram-cache",)
+# common_speculative_init's order of preference: a step drafts with the first type that finds a draft
+PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple", *HEADS)
 
 
 @dataclass(frozen=True)
@@ -94,6 +123,10 @@ class LlamaNgram(DraftSpec):
         return dict(self.params)
 
     @property
+    def server_type(self) -> str:
+        return self.kind
+
+    @property
     def own_gamma(self) -> int:
         return self.values["n-max" if self.kind == "ngram-mod" else "size-m"]
 
@@ -101,6 +134,95 @@ class LlamaNgram(DraftSpec):
     def make(cls, kind: str, **given: int) -> LlamaNgram:
         """The spec of `kind` with these flags (underscores for hyphens), the rest at llama.cpp's defaults."""
         return _llama_ngram(kind, {k.replace("_", "-"): v for k, v in given.items()}, kind)
+
+
+@dataclass(frozen=True)
+class ServerType(DraftSpec):
+    """One of llama.cpp's types that only llama-server runs here: ngram-cache (model-free, up to 8 tokens a draft)
+    or a drafting head at the sweep's gamma (n-max): draft-mtp (the target's own MTP layers, or `head`, a sidecar
+    GGUF carrying them), draft-eagle3 and draft-dflash (`head`: an EAGLE-3 or DFlash GGUF). Written 'ngram-cache',
+    'draft-mtp', 'draft-eagle3:PATH'. bench.prepare checks the files carry the heads before anything runs."""
+    kind: str = "ngram-cache"
+    head: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind + (f":{self.head}" if self.head else "")
+
+    @property
+    def server_type(self) -> str:
+        return self.kind
+
+    @property
+    def server_only(self) -> bool:
+        return True
+
+    @property
+    def model_free(self) -> bool:
+        return self.kind == "ngram-cache"
+
+    @property
+    def own_gamma(self) -> int | None:
+        return 8 if self.kind == "ngram-cache" else None
+
+
+@dataclass(frozen=True)
+class Combined(DraftSpec):
+    """llama-server's comma list of types (--spec-type ngram-mod,draft-simple): at each step the first type in
+    llama.cpp's order of preference (PRIORITY: the n-gram types, then the draft model) that finds a draft drafts.
+    Written with '+' ('ngram-mod:n-max=8+MODEL'), parts in that order; at most one part drafts with a model."""
+    parts: tuple[DraftSpec, ...] = ()
+
+    def __str__(self) -> str:
+        return "+".join(map(str, self.parts))
+
+    @property
+    def server_type(self) -> str:
+        return ",".join(p.server_type for p in self.parts)
+
+    @property
+    def server_only(self) -> bool:
+        return True
+
+    @property
+    def model(self) -> str | None:  # the draft-simple part's model: aligned, probed and sized as a draft model's
+        return next((p.model for p in self.parts if p.model), None)
+
+    @property
+    def model_free(self) -> bool:
+        return all(p.model_free for p in self.parts)
+
+    @property
+    def own_gamma(self) -> int | None:
+        own = [p.own_gamma for p in self.parts]
+        return None if None in own else max(own)
+
+    def longest(self, gamma: int) -> int:
+        return max(p.longest(gamma) for p in self.parts)
+
+
+def _parse_server_type(text: str) -> ServerType:
+    kind, sep, head = text.partition(":")
+    if kind == "ngram-cache" and sep:
+        raise HarnessError(f"--draft {text}: ngram-cache takes no flags here (llama.cpp drafts up to 8 tokens with "
+                           "it)")
+    if kind in ("draft-eagle3", "draft-dflash") and not head:
+        raise HarnessError(f"--draft {kind}: name its head, {kind}:PATH.gguf")
+    return ServerType(kind, head or None)
+
+
+def _parse_combined(text: str) -> Combined:
+    parts = [parse_draft(x) for x in text.split("+")]
+    for part in parts:
+        if part.server_type is None or part.plain or isinstance(part, Combined):
+            raise HarnessError(f"--draft {text}: {part} cannot be part of a combination, which takes llama.cpp's "
+                               f"types ({', '.join(PRIORITY)}; a draft model by name or path for draft-simple)")
+    kinds = [p.server_type for p in parts]
+    if len(set(kinds)) < len(kinds):
+        raise HarnessError(f"--draft {text}: each llama.cpp type once in a combination")
+    if sum(not p.model_free for p in parts) > 1:
+        raise HarnessError(f"--draft {text}: llama-server has one draft context, so at most one of draft-simple's "
+                           "model and the drafting heads in a combination")
+    return Combined(tuple(sorted(parts, key=lambda p: PRIORITY.index(p.server_type))))
 
 
 def _llama_ngram(kind: str, given: dict, text: str) -> LlamaNgram:
@@ -122,9 +244,6 @@ def _llama_ngram(kind: str, given: dict, text: str) -> LlamaNgram:
 
 def _parse_llama(text: str) -> LlamaNgram:
     kind, *parts = text.split(":")
-    if kind in NOT_PORTED:
-        raise HarnessError(f"--draft {text}: llama.cpp's {kind} is not ported to the harness (ported: "
-                           f"{', '.join(LLAMA_NGRAM)})")
     given: dict[str, int] = {}
     for part in parts:
         k, eq, v = part.partition("=")
@@ -141,17 +260,25 @@ def _parse_llama(text: str) -> LlamaNgram:
 
 def parse_draft(text) -> DraftSpec:
     """'none', 'ngram' / 'ngram:N' (the harness's prompt lookup), one of llama.cpp's n-gram types ('ngram-mod',
-    'ngram-simple:size-n=3:size-m=8', ...: LlamaNgram), or a model's name or path; a spec already parsed passes
-    through."""
+    'ngram-simple:size-n=3:size-m=8', ...: LlamaNgram), a type only llama-server runs ('ngram-cache', 'draft-mtp',
+    'draft-eagle3:PATH': ServerType), a '+' list of llama.cpp types (Combined), or a model's name or path; a spec
+    already parsed passes through."""
     if isinstance(text, DraftSpec):
         return text
     if not isinstance(text, str) or not text.strip():
         raise HarnessError(f"--draft: cannot read {text!r} (a model name or path, ngram:N, ngram-mod, or none)")
     if text == NONE:
         return NoDraft()
+    if "+" in text:
+        return _parse_combined(text)
     head = text.split(":")[0]
-    if head in LLAMA_NGRAM or head in NOT_PORTED:
+    if head in LLAMA_NGRAM:
         return _parse_llama(text)
+    if head in NOT_PORTED or head in HEADS:
+        return _parse_server_type(text)
+    if head.startswith("draft-") and "/" not in text and not text.endswith(".gguf"):
+        raise HarnessError(f"--draft {text}: no type {head} here (llama-server's drafting heads: {', '.join(HEADS)};"
+                           " a draft model by name or path for draft-simple)")
     if "=" in head and ":" not in text:  # a flag cut off its type by a comma list
         raise HarnessError(f"--draft {text}: separate an n-gram type's flags with ':', not ',' "
                            "(e.g. ngram-mod:n-max=16:n-min=4)")

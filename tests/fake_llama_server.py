@@ -17,6 +17,7 @@ wrapper script the test writes, given as --llama-server), and told what to do by
 - FAKE_SERVER_DIVERGE: a speculating server's output token ids differ from the plain one's from this position.
 - --spec-synth-len L (synthetic acceptance): the speculative server runs at 0.6 + 0.4 (L - 1) times plain, times
   factor(n_prompt), and accepts (L - 1) / 3 of its 12 drafted tokens (a longest draft of 3).
+- --spec-type with a name llama.cpp lacks: one error line, exit 1 before listening (as arg.cpp's parser).
 
 Timings: plain predicted_ms = (n - 1) * (2 + n_prompt % 7); the speculative server's rate is the plain one's times
 speedup * factor(n_prompt), factor = 1 + 0.02 * (n_prompt % 5 - 2), so each prompt's pair has a known ratio.
@@ -32,6 +33,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 ARGV = sys.argv[1:]
 TYPES = [t for k, a in enumerate(ARGV[:-1]) if a == "--spec-type" for t in ARGV[k + 1].split(",")]
 SPEC = bool(TYPES) and "none" not in TYPES
+KNOWN_TYPES = {"none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
+               "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}  # common/speculative.cpp's names
 SYNTH = float(ARGV[ARGV.index("--spec-synth-len") + 1]) if "--spec-synth-len" in ARGV else None
 STARTED = time.monotonic()
 
@@ -119,6 +122,11 @@ def main():
         flags = open(os.path.join(os.path.dirname(__file__), "data", "llama_cpp_0.3.36_flags.txt")).read().split("\n")
         print("\n".join(f.split("\t")[0] for f in flags if f and f.split("\t")[0] not in lacks))
         return
+    unknown = [t for t in TYPES if t not in KNOWN_TYPES]
+    if unknown:  # arg.cpp's --spec-type handler throws, and llama-server exits before it listens
+        print(f'error while handling argument "--spec-type": unknown speculative type: {unknown[0]}', file=sys.stderr,
+              flush=True)
+        sys.exit(1)
     mode = os.environ.get("FAKE_SERVER_MODE", "ok")
     if mode == "exit":
         print("fake: failed to load model 'nowhere.gguf'", file=sys.stderr, flush=True)

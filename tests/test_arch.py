@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.errors import HarnessError
 from harness.models import arch
 from harness.models.header import read_header
 from tests.conftest import PROMPT_FILE
 from tests.helpers import harness, one_line_error
-from tests.tiny_gguf import build_tokenizer, write_tiny_model
+from tests.tiny_gguf import write_arch_header, write_tiny_model
 
 gguf = pytest.importorskip("gguf")
 
@@ -28,31 +29,7 @@ N_EXPERT_LAYER = 3 * E * FF * D  # one layer's routed experts
 
 
 def write(path: Path, name: str, keys: dict | None = None, tensors: dict | None = None) -> Path:
-    """A GGUF of architecture `name` (a header that llama.cpp's loader reads; no weights that compute anything)
-    with `<name>.KEY` for each of keys (an int, or a list: an array) and the default tiny tokenizer."""
-    w = gguf.GGUFWriter(str(path), name)
-    w.add_block_count(2)
-    w.add_context_length(64)
-    w.add_embedding_length(D)
-    for k, v in (keys or {}).items():
-        if isinstance(v, list):
-            w.add_array(f"{name}.{k}", v)
-        else:
-            w.add_uint32(f"{name}.{k}", v)
-    tok = build_tokenizer()
-    w.add_tokenizer_model(tok.model)
-    w.add_tokenizer_pre(tok.pre)
-    w.add_token_list(list(tok.tokens))
-    w.add_token_types(list(tok.token_types))
-    w.add_bos_token_id(tok.bos_id)
-    w.add_eos_token_id(tok.eos_id)
-    for t, shape in (tensors or DENSE).items():
-        w.add_tensor(t, np.zeros(shape, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_arch_header(path, name, keys, tensors or DENSE)
 
 
 # file stem -> (architecture, keys, tensors)
@@ -219,3 +196,24 @@ def test_bench_picks_no_draft_the_loop_cannot_run(files, tmp_path, monkeypatch):
     target = write_tiny_model(tmp_path / "t.gguf")
     drafts, _ = autodraft.pick([str(target)], roots=[])
     assert drafts[0] == str(files["dense"]) and str(files["hybrid"]) not in drafts
+
+
+@pytest.mark.parametrize("kind, target, head, said", [
+    ("draft-mtp", "mtp", None, None),  # the target's own MTP layers
+    ("draft-mtp", "dense", "mtp", None),  # a sidecar carrying them
+    ("draft-eagle3", "dense", "eagle3", None),
+    ("draft-dflash", "dense", "dflash", None),
+    ("draft-mtp", "dense", None, "(the target) carries no MTP layers (llama.nextn_predict_layers)"),
+    ("draft-mtp", "dense", "dense", "(the head given) carries no MTP layers"),
+    ("draft-eagle3", "dense", "dflash", "is a 'dflash' model, not the 'eagle3' head"),
+    ("draft-dflash", "dense", "dense", "is a 'llama' model, not the 'dflash' head"),
+    ("draft-eagle3", "dense", "missing", "no such file"),
+])
+def test_a_llama_server_head_is_read_from_its_file(files, tmp_path, kind, target, head, said):
+    path = None if head is None else files.get(head, tmp_path / "missing.gguf")
+    if said is None:
+        arch.require_head(kind, files[target], path)
+        return
+    with pytest.raises(HarnessError) as e:
+        arch.require_head(kind, files[target], path)
+    assert said in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -135,6 +135,11 @@ def test_a_server_that_dies_at_start(fake, smol):
     one_line_error(r, "llama-server (your command) exited with code 3", "failed to load model 'nowhere.gguf'")
 
 
+def test_an_unknown_type_is_the_servers_one_line(fake, smol):
+    r = harness("server-check", cmd(fake, "-m", smol, "--spec-type", "ngram-mod,ngram-foo"))
+    one_line_error(r, "exited with code 1", "unknown speculative type: ngram-foo")
+
+
 def test_a_server_that_never_answers(fake, smol):
     r = harness("server-check", cmd(fake, "-m", smol), "--start-timeout", "1", env={"FAKE_SERVER_MODE": "silent"})
     one_line_error(r, "did not answer /health", "within 1 s")

@@ -171,3 +171,22 @@ if __name__ == "__main__":
     import sys
     found = flags_from_arg_cpp(Path(sys.argv[1]).read_text())
     print("\n".join(f"{f}\t{','.join(sorted(t))}" for f, t in sorted(found.items())))
+
+
+@pytest.mark.parametrize("draft, gamma, flags", [
+    ("ngram-cache", 8, "--spec-type ngram-cache"),
+    ("draft-mtp", 3, "--spec-type draft-mtp --spec-draft-n-max 3 --spec-draft-p-min 0 --spec-draft-ngl 0"),
+    ("draft-eagle3:/m/e3.gguf", 4, "--spec-type draft-eagle3 --spec-draft-model /m/e3.gguf --spec-draft-n-max 4 "
+                                   "--spec-draft-p-min 0 --spec-draft-ngl 0"),
+    ("dft+ngram-mod:n-match=4:n-max=8:n-min=2", 3,
+     "--spec-type ngram-mod,draft-simple --spec-ngram-mod-n-match 4 --spec-ngram-mod-n-max 8 "
+     "--spec-ngram-mod-n-min 2 --spec-draft-model /models/d.gguf --spec-draft-n-max 3 --spec-draft-p-min 0 "
+     "--spec-draft-ngl 0"),
+])
+def test_types_only_llama_server_runs_get_its_comma_list_and_each_types_flags(draft, gamma, flags):
+    h = cmd(draft, gamma, GREEDY)
+    assert h.server == f"llama-server -m '/models/t 1.5b.gguf' -ngl 0 -c 2048 -np 1 {flags} --temp 0"
+    assert h.speculative_simple is None and h.python is None
+    known = known_flags()
+    assert all(known.get(f, set()) & {"common", "server"} for f in flags_of(h.server)), h.server
+    assert ("first of these types" in h.note) == ("+" in draft)

@@ -55,7 +55,7 @@ def test_defaults_and_the_longest_draft_are_llama_cpps():
 
 
 @pytest.mark.parametrize("text, words", [
-    ("ngram-cache", ["ngram-cache is not ported"]),
+    ("ngram-cache:n=3", ["ngram-cache takes no flags"]),
     ("ngram-foo", ["no n-gram type ngram-foo", "ngram:N"]),
     ("ngram-mod:size-n=3", ["ngram-mod has no flag size-n", "n-match, n-max, n-min"]),
     ("ngram-mod:n-max=0", ["never drafts"]),

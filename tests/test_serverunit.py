@@ -98,6 +98,36 @@ def test_speculative_unit_abba_one_server_per_request(tmp_path, smol, fake, monk
     assert [t["mode"] for t in twins] == ["baseline"] * 2 and twins[0]["server"]["draft_n"] == 0
 
 
+def test_a_combination_runs_as_llama_servers_comma_list(tmp_path, smol, smol_q2k, fake, monkeypatch):
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
+    inst, _, row = run_unit(tmp_path, server_params(fake, draft=f"{D}+ngram-mod:n-match=4:n-max=8:n-min=2"))
+    assert row["status"] == "ok", row
+    argv = row["server_command"]
+    assert argv[argv.index("--spec-type") + 1] == "ngram-mod,draft-simple" and "--spec-ngram-mod-n-max" in argv
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "2" and row["draft_bytes"] == smol_q2k.stat().st_size
+    assert str(inst.draft) == f"ngram-mod:n-match=4:n-max=8:n-min=2+{D}"
+
+
+def test_drafting_heads_are_checked_in_their_files_before_anything_runs(tmp_path, smol, fake):
+    """draft-eagle3 takes an EAGLE-3 GGUF; draft-mtp on a target without MTP layers is refused in one line."""
+    from harness.bench.prepare import preflight
+    from tests.tiny_gguf import write_arch_header
+    eagle = write_arch_header(tmp_path / "e3.gguf", "eagle3")
+    for draft, said in ((f"draft-eagle3:{eagle}", None), ("draft-mtp", "carries no MTP layers"),
+                        (f"ngram-mod+draft-dflash:{eagle}", "not the 'dflash' head")):
+        p = server_params(fake, draft=draft)
+        insts = expand(p)
+        if said is None:
+            assert preflight(insts, first_round(p), False, 6) == {}
+            spec = serverunit.command(next(i for i in insts if not i.baseline), p).spec
+            assert spec[spec.index("--spec-type") + 1:spec.index("--spec-type") + 4] == \
+                ["draft-eagle3", "--spec-draft-model", str(eagle)]
+            continue
+        with pytest.raises(HarnessError, match=said):
+            preflight(insts, first_round(p), False, 6)
+
+
 def test_baseline_unit_runs_on_one_server(tmp_path, smol, fake):
     inst, run_dir, row = run_unit(tmp_path, server_params(fake), baseline=True)
     assert row["status"] == "ok", row
@@ -173,21 +203,24 @@ def test_bench_engine_server_end_to_end(tmp_path, smol, smol_q2k, fake, monkeypa
     assert check.returncode == 0, check.stderr  # every figure recomputed from the traces, every row as bench writes
 
 
-@pytest.mark.slow  # about 20 s on the 2-core VM (4 min beside other tests): real llama-server starts, 2 prompts
+@pytest.mark.slow  # about 30 s on the 2-core VM (4 min beside other tests): real llama-server starts, 2 prompts
 def test_bench_engine_server_real_llama_server(tmp_path, smol, smol_q2k):
     from harness.crosscheck.binary import native_candidates
     from tests.helpers import harness, only_run
     binary = next((b for b in native_candidates() if b.is_file() and os.access(b, os.X_OK)), None)
     if binary is None:
         pytest.skip("needs `make native`'s llama-server")
+    combo = f"ngram-simple:size-n=2:size-m=4+{D}"  # llama-server's comma list: ngram-simple first
     r = harness("bench", "--engine", "server", "--llama-server", binary, "--target", T, "--draft",
-                f"none,{D},ngram-mod", "--gamma", "3", "--prompts", PROMPT_FILE, "--categories", "code",
+                f"none,{D},ngram-mod,{combo}", "--gamma", "3", "--prompts", PROMPT_FILE, "--categories", "code",
                 "--per-category", "2", "--max-tokens", "8", "--threads", "2", "--out", tmp_path / "out",
                 "--allow-busy")
     assert r.returncode == 0, r.stderr
     run = only_run(tmp_path / "out")
     rows = {x["draft"]: x for x in finished(run).values()}
-    assert {d: x["status"] for d, x in rows.items()} == {"none": "ok", D: "ok", "ngram-mod": "ok"}, rows
+    assert {d: x["status"] for d, x in rows.items()} == {"none": "ok", D: "ok", "ngram-mod": "ok", combo: "ok"}, rows
+    assert rows[combo]["server_command"][rows[combo]["server_command"].index("--spec-type") + 1] == \
+        "ngram-simple,draft-simple"
     spec = read_records(trace_path(run, rows[D]["config"]))
     assert sum(s["proposed"] for s in spec if s["type"] == "step") > 0  # draft-simple drafted
     plain = {g["prompt_id"]: g["tokens"] for g in read_records(trace_path(run / PAIRED_DIR, rows[D]["config"]))

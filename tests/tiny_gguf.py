@@ -475,3 +475,33 @@ if __name__ == "__main__":  # pragma: no cover
         print(
             f"{k:16s} {p} {p.stat().st_size} bytes n_vocab={build_tokenizer(None if k in ('a', 'b') else k).n_vocab}"
         )
+
+
+def write_arch_header(path: Path, name: str, keys: dict | None = None, tensors: dict | None = None) -> Path:
+    """A GGUF of architecture `name` (a header that llama.cpp's loader reads; zero tensors that compute nothing)
+    with `<name>.KEY` for each of keys (an int, or a list: an array), the default tiny tokenizer, and tensors
+    (name -> shape; default one embedding table): for the architecture's facts (harness.models.arch)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), name)
+    w.add_block_count(2)
+    w.add_context_length(64)
+    w.add_embedding_length(32)
+    for k, v in (keys or {}).items():
+        if isinstance(v, list):
+            w.add_array(f"{name}.{k}", v)
+        else:
+            w.add_uint32(f"{name}.{k}", v)
+    tok = build_tokenizer()
+    w.add_tokenizer_model(tok.model)
+    w.add_tokenizer_pre(tok.pre)
+    w.add_token_list(list(tok.tokens))
+    w.add_token_types(list(tok.token_types))
+    w.add_bos_token_id(tok.bos_id)
+    w.add_eos_token_id(tok.eos_id)
+    for t, shape in (tensors or {"token_embd.weight": (len(tok.tokens), 32)}).items():
+        w.add_tensor(t, np.zeros(shape, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -26,6 +26,7 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
     from harness.models.arch import require_rollback
     # speculation rolls a rejected draft back, in both models, and the probe does in each: from the headers
     require_rollback({ref: resolve(ref, cat).path for ref in sorted(models)})
+    require_heads(instances, cat)
     skipped = {}
     if not gpu_offload_supported():
         gpu = [i for i in instances if i.ngl > 0 or i.ngl_draft > 0]
@@ -42,6 +43,18 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
         checked.add((i.target, i.draft.model))
     check_prompts_fit(instances, prompts, max_tokens, n_ctx)
     return skipped
+
+
+def require_heads(instances: list[Instance], cat: dict) -> None:
+    """llama-server's drafting heads (specs.ServerType) read from their files' headers: one line where a file does
+    not carry the head its type needs."""
+    from harness.models.arch import require_head
+    from harness.models.catalog import resolve
+    from harness.specs import HEADS, Combined
+    for i in instances:
+        for d in i.draft.parts if isinstance(i.draft, Combined) else (i.draft,):
+            if d.server_type in HEADS:
+                require_head(d.kind, resolve(i.target, cat).path, Path(d.head).expanduser() if d.head else None)
 
 
 def check_prompts_fit(instances: list[Instance], prompts: list, max_tokens: int, n_ctx: int) -> None:

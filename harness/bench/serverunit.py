@@ -83,7 +83,7 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
     unit = unit_id(inst.id, round_)
     toks = {pid: (t, mt) for pid, t, mt in tokenize(model_file(inst.target), prompts, params.max_tokens)}
     for t, mt in toks.values():
-        check_fits(len(t), mt, inst.draft.own_gamma or inst.gamma, params.n_ctx)
+        check_fits(len(t), mt, inst.draft.longest(inst.gamma), params.n_ctx)
     requests = [(pr, rep) for rep in range(params.repeat) for pr in prompts]
     modes = {"baseline": trace_path(run_dir, unit)} if inst.baseline else {
         "speculative": trace_path(run_dir, unit), "baseline": trace_path(run_dir / PAIRED_DIR, unit)}
@@ -138,7 +138,7 @@ def classified(inst: Instance, params: Params, diverged: list) -> list[dict]:
     target = Engine(model_file(inst.target), inst.engine_config(params.n_ctx))
     try:
         return [{"type": "divergence", "prompt_id": pid, "repeat": rep,
-                 **unknown_blocks_check(target, prompt, spec, plain, inst.draft.own_gamma or inst.gamma)}
+                 **unknown_blocks_check(target, prompt, spec, plain, inst.draft.longest(inst.gamma))}
                 for pid, rep, prompt, spec, plain in diverged]
     finally:
         target.close()

@@ -111,3 +111,22 @@ def require_rollback(models: dict[str, Path]) -> None:
     for name, path in models.items():
         if why := refusal(f"{name} ({path})" if str(path) != name else name, read(path)):
             raise HarnessError(why)
+
+
+def require_head(kind: str, target: Path, head: Path | None) -> None:
+    """Refuse, in one line, a llama-server drafting head (specs.ServerType) that its file does not carry: draft-mtp
+    needs MTP layers (`<arch>.nextn_predict_layers`) in the head given, or else in the target; draft-eagle3 and
+    draft-dflash a file of that architecture."""
+    path = head or target
+    if head is not None and not Path(head).is_file():
+        raise HarnessError(f"--draft {kind}:{head}: no such file: give the path of the head's GGUF")
+    f = read(path)
+    want = {"draft-eagle3": "eagle3", "draft-dflash": "dflash"}.get(kind)
+    if want and f["architecture"] != want:
+        raise HarnessError(f"--draft {kind}: {path} is a '{f['architecture']}' model, not the '{want}' head {kind} "
+                           f"drafts with: give the {HEADS[want][0]} GGUF trained for the target")
+    if kind == "draft-mtp" and not f["mtp_layers"]:
+        where = "the head given" if head else "the target"
+        raise HarnessError(f"--draft draft-mtp: {path} ({where}) carries no MTP layers "
+                           f"({f['architecture']}.nextn_predict_layers): give draft-mtp:SIDECAR.gguf with them, or "
+                           "another type")

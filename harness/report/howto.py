@@ -1,7 +1,8 @@
 """How to run a recommended configuration outside the harness: llama-server's and llama-speculative-simple's
 command lines for a draft model, llama-cpp-python's prompt lookup (and llama-server's ngram-simple) for an
 n-gram proposer, llama-server's --spec-type with every flag of the type for llama.cpp's n-gram types
-(specs.LlamaNgram). Pure: it builds strings; nothing is run or loaded.
+(specs.LlamaNgram), and for the types only llama-server runs (specs.ServerType, specs.Combined: a comma list).
+Pure: it builds strings; nothing is run or loaded.
 
 Flags are spelled as the llama.cpp vendored in llama-cpp-python 0.3.36 parses them (common/arg.cpp), each by
 the first name arg.cpp lists; tests/data/llama_cpp_0.3.36_flags.txt holds that parser's flags.
@@ -25,7 +26,7 @@ import shlex
 from dataclasses import dataclass
 
 from harness.sampling import Policy
-from harness.specs import LlamaNgram
+from harness.specs import Combined, LlamaNgram, ServerType
 
 DEFAULT_UBATCH = 512  # llama.cpp's -ub default, and the harness's
 PROMPT = '"$PROMPT"'  # llama-speculative-simple decodes one prompt: the user's, from the shell
@@ -78,9 +79,11 @@ def _context(target: str, inst, n_ctx: int) -> list[str]:
     return args
 
 
-def _draft_args(draft: str, inst) -> list[str]:
-    args = ["--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-n-max", str(inst.gamma),
-            "--spec-draft-p-min", _num(inst.p_min)]
+def _draft_args(draft: str | None, inst) -> list[str]:
+    """The draft context's flags (draft-simple's model, or a head's), without --spec-type; no model for draft-mtp
+    on the target's own MTP layers."""
+    args = (["--spec-draft-model", draft] if draft else []) + ["--spec-draft-n-max", str(inst.gamma),
+                                                               "--spec-draft-p-min", _num(inst.p_min)]
     if inst.n_min:  # llama.cpp's default is 0, as the harness's
         args += ["--spec-draft-n-min", str(inst.n_min)]
     args += ["--spec-draft-ngl", str(inst.ngl_draft)]
@@ -91,6 +94,18 @@ def _draft_args(draft: str, inst) -> list[str]:
     if inst.cache_v_draft != "f16":
         args += ["--spec-draft-type-v", inst.cache_v_draft]
     return args
+
+
+def _type_args(draft, inst, catalog) -> list[str]:
+    """One llama.cpp type's own flags: an n-gram type's every flag (defaults too, as the harness ran them), a draft
+    model's or head's draft context; none for ngram-cache (it drafts up to 8 tokens)."""
+    if isinstance(draft, LlamaNgram):
+        return [x for k, v in draft.params for x in (f"--spec-{draft.kind}-{k}", str(v))]
+    if draft.model:
+        return _draft_args(model_path(draft.model, catalog), inst)
+    if isinstance(draft, ServerType) and draft.kind != "ngram-cache":
+        return _draft_args(draft.head and model_path(draft.head, catalog), inst)
+    return []
 
 
 def _python(target: str, inst, n_ctx: int) -> str:
@@ -137,14 +152,19 @@ def howto(inst, n_ctx: int, catalog: dict | None = None) -> HowTo:
                   f"LlamaPromptLookupDecoding tries n-grams from {n} down to 1 and takes the earliest match; the "
                   f"harness takes the latest match of exactly {n}."]
         return HowTo(shlex.join(server + _sampling(pol)), None, _python(tpath, inst, n_ctx), " ".join(notes))
+    if draft.server_only:  # llama-server alone runs these: its comma list of types, each part's flags
+        parts = draft.parts if isinstance(draft, Combined) else (draft,)
+        server += ["--spec-type", draft.server_type, *(x for d in parts for x in _type_args(d, inst, catalog))]
+        if isinstance(draft, Combined):
+            notes.append("llama-server drafts each step with the first of these types that finds a draft.")
+        return HowTo(shlex.join(server + _sampling(pol)), None, None, " ".join(notes))
     if isinstance(draft, LlamaNgram):  # every flag of the type, defaults too, as the harness ran them
-        server += ["--spec-type", draft.kind]
-        server += [x for k, v in draft.params for x in (f"--spec-{draft.kind}-{k}", str(v))]
+        server += ["--spec-type", draft.kind, *_type_args(draft, inst, catalog)]
         if draft.kind != "ngram-simple":  # the others keep state from request to request
             notes.append(f"llama-server keeps {draft.kind}'s state from request to request for as long as it runs; "
                          "the harness kept it across one configuration's prompts, as one server per configuration.")
         return HowTo(shlex.join(server + _sampling(pol)), None, None, " ".join(notes))
-    spec = _draft_args(model_path(draft.model, catalog), inst)
+    spec = ["--spec-type", "draft-simple", *_draft_args(model_path(draft.model, catalog), inst)]
     simple = ["llama-speculative-simple", *_context(tpath, inst, n_ctx), *spec, *_sampling(pol)]
     if rule_differs(inst):
         # common_sampler_sample_and_accept_n: the target samples each position, the draft token stays if equal

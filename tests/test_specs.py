@@ -1,0 +1,80 @@
+"""harness.specs: the types only llama-server runs here (ServerType: ngram-cache and the drafting heads) and
+llama-server's comma lists of types (Combined, written with '+'), parsed, written back and refused in one line; the
+plan keeps them to --engine server. (llama.cpp's n-gram types' specs: test_llamangram.)"""
+import pytest
+
+from harness.errors import HarnessError
+from harness.plan import expand, make_params
+from harness.specs import Combined, DraftModel, LlamaNgram, ServerType, parse_draft
+from tests.conftest import T
+
+MOD = "ngram-mod:n-match=4:n-max=8:n-min=2"
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("ngram-cache", ServerType("ngram-cache")),
+    ("draft-mtp", ServerType("draft-mtp")),
+    ("draft-mtp:/m/mtp.gguf", ServerType("draft-mtp", "/m/mtp.gguf")),
+    ("draft-eagle3:/m/e3.gguf", ServerType("draft-eagle3", "/m/e3.gguf")),
+    ("draft-dflash:/m/df.gguf", ServerType("draft-dflash", "/m/df.gguf")),
+])
+def test_server_types_read_and_write_back(text, spec):
+    d = parse_draft(text)
+    assert d == spec and str(d) == text and parse_draft(str(d)) == d
+    assert d.server_only and d.server_type == text.split(":")[0]
+    assert (d.model_free, d.own_gamma) == ((True, 8) if text == "ngram-cache" else (False, None))
+    assert d.model is None  # a head is not a draft model the harness loads, aligns or probes
+
+
+def test_a_combination_takes_llama_cpps_order_of_preference():
+    d = parse_draft(f"/m/d.gguf+{MOD}+ngram-simple:size-n=3:size-m=4")
+    assert isinstance(d, Combined) and d.server_only
+    assert [p.server_type for p in d.parts] == ["ngram-simple", "ngram-mod", "draft-simple"]
+    assert str(d) == f"ngram-simple:size-n=3:size-m=4+{MOD}+/m/d.gguf" and parse_draft(str(d)) == d
+    assert d.server_type == "ngram-simple,ngram-mod,draft-simple"
+    # the draft model's settings apply (its model is aligned and probed); the gamma is the sweep's, and the
+    # longest draft a step verifies is the longest any part drafts
+    assert d.model == "/m/d.gguf" and not d.model_free and d.own_gamma is None
+    assert d.longest(3) == 8 and d.longest(12) == 12
+    free = parse_draft(f"{MOD}+ngram-cache")
+    assert free.model is None and free.model_free and free.own_gamma == 8
+    assert parse_draft("draft-mtp+ngram-mod").parts == (LlamaNgram.make("ngram-mod"), ServerType("draft-mtp"))
+
+
+def test_the_existing_kinds_name_their_llama_server_type():
+    assert [parse_draft(t).server_type for t in ("none", "ngram:3", "d.gguf", MOD)] == \
+        ["none", None, "draft-simple", "ngram-mod"]
+    assert not any(parse_draft(t).server_only for t in ("none", "ngram:3", "d.gguf", MOD))
+    assert parse_draft("d.gguf") == DraftModel("d.gguf")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("draft-eagle3", ["draft-eagle3:PATH.gguf"]),
+    ("draft-dflash", ["draft-dflash:PATH.gguf"]),
+    ("draft-dspark", ["no type draft-dspark", "draft-mtp, draft-eagle3, draft-dflash"]),
+    ("ngram-cache:n=2", ["takes no flags"]),
+    ("ngram:3+ngram-mod", ["ngram:3 cannot be part of a combination"]),
+    ("none+ngram-mod", ["none cannot be part"]),
+    ("ngram-mod+ngram-mod:n-max=8", ["each llama.cpp type once"]),
+    ("d.gguf+draft-mtp", ["one draft context"]),
+    ("a.gguf+b.gguf", ["each llama.cpp type once"]),
+])
+def test_a_bad_spec_is_refused_in_one_line(text, words):
+    with pytest.raises(HarnessError) as e:
+        parse_draft(text)
+    assert "\n" not in str(e.value)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("draft", ["ngram-cache", "draft-mtp", f"{MOD}+ngram-simple"])
+def test_the_harness_loop_refuses_what_only_llama_server_runs(draft):
+    with pytest.raises(HarnessError, match="--draft .*measured in llama-server only: add --engine server"):
+        make_params({}, {"target": T, "draft": draft})
+
+
+def test_under_engine_server_a_head_takes_the_sweeps_gamma_and_ngram_cache_its_own(fake):
+    p = make_params({}, {"target": T, "draft": "none,draft-mtp,ngram-cache", "gamma": "2,4", "engine": "server",
+                         "llama_server": str(fake)})
+    got = sorted((str(i.draft), i.gamma) for i in expand(p) if not i.baseline)
+    assert got == [("draft-mtp", 2), ("draft-mtp", 4), ("ngram-cache", 8)]
