@@ -249,3 +249,12 @@ def test_a_too_small_context_for_n_sequences_is_refused_in_one_line(tmp_path, sm
     one_line_error(r, "--parallel 8", "--n-ctx is 1024", "raise --n-ctx to")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     one_line_error(harness("bench", "--target", T, "--parallel", "0", "--out", str(tmp_path)), "--parallel", ">= 1")
+
+
+def test_models_info_of_llama_server_types(smol_q2k):
+    """A combination is recorded by its draft model's file, a type without one by what it drafts with."""
+    combo, mtp = f"ngram-mod+{smol_q2k}", "draft-mtp"
+    info = models_info({combo, mtp, "ngram-cache"})
+    assert info[combo]["bytes"] == smol_q2k.stat().st_size and info[combo]["sha256"]
+    assert info[mtp]["note"] == "the target's own MTP layers" and info[mtp]["bytes"] == 0
+    assert info["ngram-cache"]["note"] == "n-gram lookup (no model)"

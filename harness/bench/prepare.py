@@ -138,10 +138,13 @@ def models_info(names: set[str]) -> dict[str, dict]:
     out = {}
     from harness.specs import parse_draft
     for n in sorted(names):
-        if parse_draft(n).model_free:
-            out[n] = {"quant": "", "bytes": 0, "sha256": "", "note": "n-gram lookup (no model)"}
+        spec = parse_draft(n)
+        ref = spec.model or getattr(spec, "head", None)  # a combination's draft model, a drafting head's file
+        if ref is None:
+            note = "n-gram lookup (no model)" if spec.model_free else "the target's own MTP layers"
+            out[n] = {"quant": "", "bytes": 0, "sha256": "", "note": note}
             continue
-        m = resolve(n)
+        m = resolve(ref)
         side = read_sidecar(m.path)
         note = f"requantized from {side.get('derived_from', m.derive_from)} (never better than its source)" \
             if m.requantized else ""
