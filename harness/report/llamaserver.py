@@ -138,3 +138,46 @@ def frame(run_dir: Path):
                       "server_prompts": x.get("prompts"), "server_same": same[0], "server_compared": same[1],
                       "server_skip": r.get("skip") or None})
     return pl.DataFrame(out, infer_schema_length=None)
+
+
+def pooled(records: list[dict], p_records: list[dict], cfg, noise):
+    """--engine server: each speculative configuration over every request it served, the categories pooled (the
+    run's mix of prompts), with serverstats' figures: the geometric mean of the per-request speedups against the
+    plain twin with its t interval, and acceptance. Where a category has two prompts its interval stands on one
+    degree of freedom; pooled, on all of them. `busy` where a unit of it ran beside foreign load (noise_frame).
+    None where no request carries a server's figures."""
+    import polars as pl
+    from harness.analysis.serverstats import acceptance, speedup
+    twin = {(r.get("config"), r["prompt_id"], r["repeat"]): r["server"] for r in p_records
+            if r.get("type") == "generation" and r.get("server")}
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("type") == "generation" and r.get("server") and r.get("mode") == "speculative":
+            by.setdefault(r["config"], []).append(
+                {"speculative": r["server"], "plain": twin.get((r["config"], r["prompt_id"], r["repeat"]))})
+    if not by:
+        return None
+    rows = [{"config": c} | speedup(p) | acceptance(p) for c, p in by.items()]
+    out = pl.DataFrame(rows, infer_schema_length=None).join(
+        cfg.select("config", "draft_label", "gamma_label", "policy", "target"), on="config", how="left").join(
+        noise.select("config", "busy"), on="config", how="left")
+    return out.sort(["target", "policy", "speedup"], descending=[False, False, True], nulls_last=True)
+
+
+def pooled_section(frame) -> list[str]:
+    """The pooled figures as a table under the verdicts: a configuration's standing over the whole prompt mix, where
+    the per-category intervals of a few prompts each say little."""
+    if frame is None or not len(frame):
+        return []
+    several = frame["target"].n_unique() > 1
+    rows = [([r["target"]] if several else []) + [
+        r["policy"], f"{r['draft_label']} g={r['gamma_label']}" + (" (busy)" if r["busy"] else ""),
+        ci(r["speedup"], r["lo"], r["hi"], unit="x"),
+        pct_ci(r["acceptance"], r["acceptance_lo"], r["acceptance_hi"]) or "none drafted", r["prompts"]]
+        for r in frame.iter_rows(named=True)]
+    head = (["target"] if several else []) + ["policy", "configuration", "speedup [95% CI]", "accepted", "requests"]
+    return ["Over every category at once (the run's mix of prompts), in llama-server: each configuration's speedup "
+            "is the geometric mean of its requests' against their plain twins, with a t interval over all of them.",
+            "", table(rows, head), ""] + (["(busy): it ran while other processes took the cores; `harness bench "
+                                          "--resume RUN --rerun-busy` measures it again.", ""]
+                                         if frame["busy"].any() else [])

@@ -34,7 +34,8 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
         memory, memory_detail = sections.memory(sweep)
         first += answer.section(rows, plan.get("models", {}), _server_line(run_dir, plan, rel)) + \
             _verdict_plot(run_dir, rel) + (
-            replayed.verdict_table(data) or sections.timed_verdicts(data.get("verdicts"))) + memory
+            replayed.verdict_table(data) or sections.timed_verdicts(data.get("verdicts"))) + \
+            llamaserver.pooled_section(data.get("server_pooled")) + memory
         body = answer.how_to_run(rows) + _how_verdicts(data, plan) + replayed.sections(data, plan) + \
             sections.until_confident(plan, data.get("verdicts")) + concurrency.section(data, run_dir, rel) + \
             _machine(plan, rel) + sections.quantization(sweep, data.get("fidelity")) + memory_detail + \

@@ -102,6 +102,8 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
         out["concurrency"] = conc
     out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg, own_costs, out["noise"])
     out["timing_floor"] = m["timing_floor"]
+    if plan["params"].get("engine") == "server":
+        out["server_pooled"] = llamaserver.pooled(records, p_records, cfg, out["noise"])
     server = llamaserver.frame(run_dir)  # the answers measured in llama-server (crosscheck, bench's check)
     if server is not None:
         out["llama_server"] = server
