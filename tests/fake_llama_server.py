@@ -18,6 +18,7 @@ wrapper script the test writes, given as --llama-server), and told what to do by
 - --spec-synth-len L (synthetic acceptance): the speculative server runs at 0.6 + 0.4 (L - 1) times plain, times
   factor(n_prompt), and accepts (L - 1) / 3 of its 12 drafted tokens (a longest draft of 3).
 - --spec-type with a name llama.cpp lacks: one error line, exit 1 before listening (as arg.cpp's parser).
+  FAKE_SERVER_NO_TYPES: a comma list of type names this build lacks too, as an older build would.
 
 Timings: plain predicted_ms = (n - 1) * (2 + n_prompt % 7); the speculative server's rate is the plain one's times
 speedup * factor(n_prompt), factor = 1 + 0.02 * (n_prompt % 5 - 2), so each prompt's pair has a known ratio.
@@ -35,6 +36,7 @@ TYPES = [t for k, a in enumerate(ARGV[:-1]) if a == "--spec-type" for t in ARGV[
 SPEC = bool(TYPES) and "none" not in TYPES
 KNOWN_TYPES = {"none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
                "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}  # common/speculative.cpp's names
+KNOWN_TYPES -= set(os.environ.get("FAKE_SERVER_NO_TYPES", "").split(","))  # an older build's
 SYNTH = float(ARGV[ARGV.index("--spec-synth-len") + 1]) if "--spec-synth-len" in ARGV else None
 STARTED = time.monotonic()
 

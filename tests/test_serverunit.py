@@ -162,6 +162,7 @@ def test_sampled_requests_carry_the_policy(tmp_path, smol, fake, monkeypatch):
     ({"FAKE_SERVER_COUNTER": "{tmp}/n", "FAKE_SERVER_LIMIT": "1"}, "died (exit code"),
     ({"FAKE_SERVER_MODE": "silent"}, "did not answer /health"),
     ({"FAKE_SERVER_LACKS": "--spec-ngram-mod-n-match"}, "has no --spec-ngram-mod-n-match"),
+    ({"FAKE_SERVER_NO_TYPES": "ngram-mod"}, "unknown speculative type: ngram-mod"),  # a build without the type
 ])
 def test_failures_are_one_line_error_rows(tmp_path, smol, fake, monkeypatch, env, said):
     for k, v in env.items():
