@@ -27,7 +27,7 @@ NATIVE_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_
 PROFILE ?= default
 TEST_MODELS := smollm2-135m-instruct-q4_1 smollm2-135m-instruct-q2_k
 
-.PHONY: setup models test-models bench bench-engine test test-all native report lint clean clean-models
+.PHONY: setup models test-models bench bench-engine test test-all native report lint clean clean-models gpu-check-prepare
 
 setup: $(SETUP_STAMP)
 
@@ -95,3 +95,7 @@ bench-engine: setup models
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_check_speed.py
 	$(PY) benchmarks/bench_batch_split.py
+
+# Issue 47's GPU check: .gpucheck/ (ignored) for the device machine, sized against its 64 MiB (docs/gpu.md)
+gpu-check-prepare: setup
+	$(PY) benchmarks/gpu_check/prepare.py
