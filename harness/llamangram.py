@@ -1,8 +1,9 @@
 """llama.cpp's model-free speculative types as harness proposers, ported from the llama.cpp that llama-cpp-python
-0.3.36 vendors: ngram-simple, ngram-map-k (and ngram-map-k4v, the same code), ngram-mod. Same parameters and
-defaults (specs.LLAMA_NGRAM: common/common.h, common/arg.cpp), the same begin/draft/accept, the same state across
-steps and across the generations one proposer serves, as one llama-server keeps it for its lifetime (a bench
-worker serves one configuration's prompts: one server per configuration). Pure Python and numpy; no model.
+0.3.36 vendors: ngram-simple, ngram-map-k (and ngram-map-k4v, the same code), ngram-mod; ngram-cache in
+harness.ngramcache. Same parameters and defaults (specs.LLAMA_NGRAM: common/common.h, common/arg.cpp), the same
+begin/draft/accept, the same state across steps and across the generations one proposer serves, as one llama-server
+keeps it for its lifetime (a bench worker serves one configuration's prompts: one server per configuration). Pure
+Python and numpy; no model.
 
 How llama-server calls a type (tools/server/server-context.cpp), which LlamaNgramProposer does around the loop:
 - begin(prompt) once the prompt is evaluated (common_speculative_begin, the slot's prompt tokens);
@@ -36,6 +37,9 @@ MAP_COUNT = 16380  # COMMON_NGRAM_MAX_VALUE_COUNT
 def proposer(spec: LlamaNgram) -> LlamaNgramProposer:
     """The proposer of a parsed spec (pair.open_pair's)."""
     v = spec.values
+    if spec.kind == "ngram-cache":
+        from harness.ngramcache import NgramCache  # it imports this module's LlamaNgramProposer
+        return NgramCache()
     if spec.kind == "ngram-mod":
         return NgramMod(v["n-match"], v["n-max"], v["n-min"])
     if spec.kind == "ngram-simple":

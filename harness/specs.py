@@ -1,10 +1,10 @@
 """Typed specs, parsed once where the plan is expanded (or a record is read): what drafts (no draft, an n-gram
 lookup, a draft model) and how far (a fixed gamma, or adaptive up to a longest draft). Each writes itself as the
 string plan.json and the traces have always held, so runs recorded before these types read back the same.
-llama.cpp's model-free types that the harness ports (harness.llamangram) are LlamaNgram; further kinds are further
-DraftSpec subclasses with a parse rule here. llama.cpp's types that only llama-server runs here (ServerType: its
-drafting heads and ngram-cache) and its comma lists of types (Combined, written with '+') are server_only: the plan
-refuses them outside --engine server."""
+llama.cpp's model-free types, which the harness ports (harness.llamangram, harness.ngramcache), are LlamaNgram;
+further kinds are further DraftSpec subclasses with a parse rule here. llama.cpp's types that only llama-server runs
+here (ServerType: its drafting heads) and its comma lists of types (Combined, written with '+') are server_only: the
+plan refuses them outside --engine server."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,18 +90,20 @@ class DraftModel(DraftSpec):
         return self.model
 
 
-# llama.cpp's model-free types the harness ports (harness.llamangram): each flag (--spec-<type>-<flag>) with its
-# default (common/common.h) and arg.cpp's lowest value, in arg.cpp's order. The largest value: arg.cpp's 1024.
+# llama.cpp's model-free types the harness ports (harness.llamangram, harness.ngramcache): each flag
+# (--spec-<type>-<flag>) with its default (common/common.h) and arg.cpp's lowest value, in arg.cpp's order. The
+# largest value: arg.cpp's 1024. ngram-cache has none.
 LLAMA_NGRAM = {
     "ngram-simple": (("size-n", 12, 1), ("size-m", 48, 1), ("min-hits", 1, 1)),
     "ngram-map-k": (("size-n", 12, 1), ("size-m", 48, 1), ("min-hits", 1, 1)),
     "ngram-map-k4v": (("size-n", 12, 1), ("size-m", 48, 1), ("min-hits", 1, 1)),
     "ngram-mod": (("n-match", 24, 1), ("n-max", 64, 0), ("n-min", 48, 0)),
+    "ngram-cache": (),
 }
-# llama.cpp's types the harness's loop does not run (ServerType), measured in llama-server: ngram-cache drafts up to
-# 8 tokens (speculative.cpp's create_state_ngram_cache); a head drafts for its target through the draft context
+NGRAM_CACHE_DRAFT = 8  # ngram-cache's longest draft: speculative.cpp's create_state_ngram_cache fixes it
+# llama.cpp's types the harness's loop does not run (ServerType), measured in llama-server: a head drafts for its
+# target through the draft context
 HEADS = ("draft-mtp", "draft-eagle3", "draft-dflash")
-NOT_PORTED = ("ngram-cache",)
 # common_speculative_init's order of preference: a step drafts with the first type that finds a draft
 PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple", *HEADS)
 
@@ -110,7 +112,8 @@ PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-
 class LlamaNgram(DraftSpec):
     """One of llama.cpp's model-free speculative types (llama-server's --spec-type), as the harness ports them:
     `kind` as llama.cpp names it, `params` every flag's value (defaults filled in) in arg.cpp's order. Written
-    'ngram-mod', 'ngram-mod:n-max=16:n-min=4': the kind, then each flag away from its default, ':'-separated."""
+    'ngram-mod', 'ngram-mod:n-max=16:n-min=4': the kind, then each flag away from its default, ':'-separated;
+    'ngram-cache' has no flags and drafts up to 8 tokens."""
     kind: str = "ngram-mod"
     params: tuple[tuple[str, int], ...] = ()
 
@@ -128,6 +131,8 @@ class LlamaNgram(DraftSpec):
 
     @property
     def own_gamma(self) -> int:
+        if self.kind == "ngram-cache":
+            return NGRAM_CACHE_DRAFT
         return self.values["n-max" if self.kind == "ngram-mod" else "size-m"]
 
     @classmethod
@@ -138,11 +143,11 @@ class LlamaNgram(DraftSpec):
 
 @dataclass(frozen=True)
 class ServerType(DraftSpec):
-    """One of llama.cpp's types that only llama-server runs here: ngram-cache (model-free, up to 8 tokens a draft)
-    or a drafting head at the sweep's gamma (n-max): draft-mtp (the target's own MTP layers, or `head`, a sidecar
-    GGUF carrying them), draft-eagle3 and draft-dflash (`head`: an EAGLE-3 or DFlash GGUF). Written 'ngram-cache',
-    'draft-mtp', 'draft-eagle3:PATH'. bench.prepare checks the files carry the heads before anything runs."""
-    kind: str = "ngram-cache"
+    """One of llama.cpp's types that only llama-server runs here, a drafting head at the sweep's gamma (n-max):
+    draft-mtp (the target's own MTP layers, or `head`, a sidecar GGUF carrying them), draft-eagle3 and draft-dflash
+    (`head`: an EAGLE-3 or DFlash GGUF). Written 'draft-mtp', 'draft-eagle3:PATH'. bench.prepare checks the files
+    carry the heads before anything runs."""
+    kind: str = "draft-mtp"
     head: str | None = None
 
     def __str__(self) -> str:
@@ -158,11 +163,7 @@ class ServerType(DraftSpec):
 
     @property
     def model_free(self) -> bool:
-        return self.kind == "ngram-cache"
-
-    @property
-    def own_gamma(self) -> int | None:
-        return 8 if self.kind == "ngram-cache" else None
+        return False
 
 
 @dataclass(frozen=True)
@@ -201,10 +202,7 @@ class Combined(DraftSpec):
 
 
 def _parse_server_type(text: str) -> ServerType:
-    kind, sep, head = text.partition(":")
-    if kind == "ngram-cache" and sep:
-        raise HarnessError(f"--draft {text}: ngram-cache takes no flags here (llama.cpp drafts up to 8 tokens with "
-                           "it)")
+    kind, _, head = text.partition(":")
     if kind in ("draft-eagle3", "draft-dflash") and not head:
         raise HarnessError(f"--draft {kind}: name its head, {kind}:PATH.gguf")
     return ServerType(kind, head or None)
@@ -244,6 +242,9 @@ def _llama_ngram(kind: str, given: dict, text: str) -> LlamaNgram:
 
 def _parse_llama(text: str) -> LlamaNgram:
     kind, *parts = text.split(":")
+    if parts and not LLAMA_NGRAM[kind]:
+        raise HarnessError(f"--draft {text}: {kind} takes no flags here (llama.cpp drafts up to "
+                           f"{NGRAM_CACHE_DRAFT} tokens with it)")
     given: dict[str, int] = {}
     for part in parts:
         k, eq, v = part.partition("=")
@@ -260,7 +261,7 @@ def _parse_llama(text: str) -> LlamaNgram:
 
 def parse_draft(text) -> DraftSpec:
     """'none', 'ngram' / 'ngram:N' (the harness's prompt lookup), one of llama.cpp's n-gram types ('ngram-mod',
-    'ngram-simple:size-n=3:size-m=8', ...: LlamaNgram), a type only llama-server runs ('ngram-cache', 'draft-mtp',
+    'ngram-simple:size-n=3:size-m=8', 'ngram-cache', ...: LlamaNgram), a type only llama-server runs ('draft-mtp',
     'draft-eagle3:PATH': ServerType), a '+' list of llama.cpp types (Combined), or a model's name or path; a spec
     already parsed passes through."""
     if isinstance(text, DraftSpec):
@@ -274,7 +275,7 @@ def parse_draft(text) -> DraftSpec:
     head = text.split(":")[0]
     if head in LLAMA_NGRAM:
         return _parse_llama(text)
-    if head in NOT_PORTED or head in HEADS:
+    if head in HEADS:
         return _parse_server_type(text)
     if head.startswith("draft-") and "/" not in text and not text.endswith(".gguf"):
         raise HarnessError(f"--draft {text}: no type {head} here (llama-server's drafting heads: {', '.join(HEADS)};"

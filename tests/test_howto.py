@@ -174,7 +174,6 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("draft, gamma, flags", [
-    ("ngram-cache", 8, "--spec-type ngram-cache"),
     ("draft-mtp", 3, "--spec-type draft-mtp --spec-draft-n-max 3 --spec-draft-p-min 0 --spec-draft-ngl 0"),
     ("draft-eagle3:/m/e3.gguf", 4, "--spec-type draft-eagle3 --spec-draft-model /m/e3.gguf --spec-draft-n-max 4 "
                                    "--spec-draft-p-min 0 --spec-draft-ngl 0"),
@@ -182,6 +181,8 @@ if __name__ == "__main__":
      "--spec-type ngram-mod,draft-simple --spec-ngram-mod-n-match 4 --spec-ngram-mod-n-max 8 "
      "--spec-ngram-mod-n-min 2 --spec-draft-model /models/d.gguf --spec-draft-n-max 3 --spec-draft-p-min 0 "
      "--spec-draft-ngl 0"),
+    ("ngram-cache+ngram-mod:n-match=4:n-max=8:n-min=2", 8,
+     "--spec-type ngram-mod,ngram-cache --spec-ngram-mod-n-match 4 --spec-ngram-mod-n-max 8 --spec-ngram-mod-n-min 2"),
 ])
 def test_types_only_llama_server_runs_get_its_comma_list_and_each_types_flags(draft, gamma, flags):
     h = cmd(draft, gamma, GREEDY)
@@ -190,3 +191,10 @@ def test_types_only_llama_server_runs_get_its_comma_list_and_each_types_flags(dr
     known = known_flags()
     assert all(known.get(f, set()) & {"common", "server"} for f in flags_of(h.server)), h.server
     assert ("first of these types" in h.note) == ("+" in draft)
+
+
+def test_ngram_cache_takes_no_flags_and_keeps_its_state_from_request_to_request():
+    h = cmd("ngram-cache", 8, GREEDY)
+    assert h.server == "llama-server -m '/models/t 1.5b.gguf' -ngl 0 -c 2048 -np 1 --spec-type ngram-cache --temp 0"
+    assert h.speculative_simple is None and h.python is None
+    assert "keeps ngram-cache's state from request to request" in h.note

@@ -1,4 +1,5 @@
-"""harness.specs: the types only llama-server runs here (ServerType: ngram-cache and the drafting heads) and
+"""harness.specs: the types only llama-server runs here (ServerType: the drafting heads), ngram-cache (ported, a
+LlamaNgram with no flags) and
 llama-server's comma lists of types (Combined, written with '+'), parsed, written back and refused in one line; the
 plan keeps them to --engine server. (llama.cpp's n-gram types' specs: test_llamangram.)"""
 import pytest
@@ -12,7 +13,6 @@ MOD = "ngram-mod:n-match=4:n-max=8:n-min=2"
 
 
 @pytest.mark.parametrize("text, spec", [
-    ("ngram-cache", ServerType("ngram-cache")),
     ("draft-mtp", ServerType("draft-mtp")),
     ("draft-mtp:/m/mtp.gguf", ServerType("draft-mtp", "/m/mtp.gguf")),
     ("draft-eagle3:/m/e3.gguf", ServerType("draft-eagle3", "/m/e3.gguf")),
@@ -22,8 +22,15 @@ def test_server_types_read_and_write_back(text, spec):
     d = parse_draft(text)
     assert d == spec and str(d) == text and parse_draft(str(d)) == d
     assert d.server_only and d.server_type == text.split(":")[0]
-    assert (d.model_free, d.own_gamma) == ((True, 8) if text == "ngram-cache" else (False, None))
+    assert (d.model_free, d.own_gamma) == (False, None)
     assert d.model is None  # a head is not a draft model the harness loads, aligns or probes
+
+
+def test_ngram_cache_is_ported_a_llama_ngram_with_no_flags():
+    d = parse_draft("ngram-cache")
+    assert d == LlamaNgram.make("ngram-cache") and str(d) == "ngram-cache" and parse_draft(str(d)) == d
+    assert not d.server_only and d.server_type == "ngram-cache" and d.values == {}
+    assert (d.model_free, d.own_gamma, d.model, d.ngram) == (True, 8, None, None)
 
 
 def test_a_combination_takes_llama_cpps_order_of_preference():
@@ -38,6 +45,8 @@ def test_a_combination_takes_llama_cpps_order_of_preference():
     assert d.longest(3) == 8 and d.longest(12) == 12
     free = parse_draft(f"{MOD}+ngram-cache")
     assert free.model is None and free.model_free and free.own_gamma == 8
+    assert free.parts == (LlamaNgram.make("ngram-mod", n_match=4, n_max=8, n_min=2), LlamaNgram.make("ngram-cache"))
+    assert free.server_type == "ngram-mod,ngram-cache" and free.server_only and parse_draft(str(free)) == free
     assert parse_draft("draft-mtp+ngram-mod").parts == (LlamaNgram.make("ngram-mod"), ServerType("draft-mtp"))
 
 
@@ -52,7 +61,8 @@ def test_the_existing_kinds_name_their_llama_server_type():
     ("draft-eagle3", ["draft-eagle3:PATH.gguf"]),
     ("draft-dflash", ["draft-dflash:PATH.gguf"]),
     ("draft-dspark", ["no type draft-dspark", "draft-mtp, draft-eagle3, draft-dflash"]),
-    ("ngram-cache:n=2", ["takes no flags"]),
+    ("ngram-cache:n=2", ["ngram-cache takes no flags"]),
+    ("ngram-cache:n", ["ngram-cache takes no flags"]),
     ("ngram:3+ngram-mod", ["ngram:3 cannot be part of a combination"]),
     ("none+ngram-mod", ["none cannot be part"]),
     ("ngram-mod+ngram-mod:n-max=8", ["each llama.cpp type once"]),
@@ -67,7 +77,7 @@ def test_a_bad_spec_is_refused_in_one_line(text, words):
         assert w in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("draft", ["ngram-cache", "draft-mtp", f"{MOD}+ngram-simple"])
+@pytest.mark.parametrize("draft", ["draft-mtp", f"{MOD}+ngram-simple", "ngram-cache+ngram-mod"])
 def test_the_harness_loop_refuses_what_only_llama_server_runs(draft):
     with pytest.raises(HarnessError, match="--draft .*measured in llama-server only: add --engine server"):
         make_params({}, {"target": T, "draft": draft})
@@ -78,3 +88,10 @@ def test_under_engine_server_a_head_takes_the_sweeps_gamma_and_ngram_cache_its_o
                          "llama_server": str(fake)})
     got = sorted((str(i.draft), i.gamma) for i in expand(p) if not i.baseline)
     assert got == [("draft-mtp", 2), ("draft-mtp", 4), ("ngram-cache", 8)]
+
+
+def test_the_harness_loop_runs_ngram_cache_at_its_own_8():
+    p = make_params({}, {"target": T, "draft": "none,ngram-cache", "gamma": "2,4"})
+    assert [(str(i.draft), i.gamma) for i in expand(p) if not i.baseline] == [("ngram-cache", 8)]
+    with pytest.raises(HarnessError, match="ngram-cache is not served to several requests yet"):
+        make_params({}, {"target": T, "draft": "ngram-cache", "parallel": "2"})

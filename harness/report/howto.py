@@ -1,7 +1,8 @@
 """How to run a recommended configuration outside the harness: llama-server's and llama-speculative-simple's
 command lines for a draft model, llama-cpp-python's prompt lookup (and llama-server's ngram-simple) for an
 n-gram proposer, llama-server's --spec-type with every flag of the type for llama.cpp's n-gram types
-(specs.LlamaNgram), and for the types only llama-server runs (specs.ServerType, specs.Combined: a comma list).
+(specs.LlamaNgram; ngram-cache has none), and for the types only llama-server runs (specs.ServerType,
+specs.Combined: a comma list).
 Pure: it builds strings; nothing is run or loaded.
 
 Flags are spelled as the llama.cpp vendored in llama-cpp-python 0.3.36 parses them (common/arg.cpp), each by
@@ -103,7 +104,7 @@ def _type_args(draft, inst, catalog) -> list[str]:
         return [x for k, v in draft.params for x in (f"--spec-{draft.kind}-{k}", str(v))]
     if draft.model:
         return _draft_args(model_path(draft.model, catalog), inst)
-    if isinstance(draft, ServerType) and draft.kind != "ngram-cache":
+    if isinstance(draft, ServerType):
         return _draft_args(draft.head and model_path(draft.head, catalog), inst)
     return []
 
