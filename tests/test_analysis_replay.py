@@ -18,11 +18,11 @@ from tests.fakes import EOS, FakeEngine, LogitsEngine, ScriptedProposer
 PROMPT = [1, 2, 3]
 
 
-def loop_steps(script, draft, gamma, max_tokens, proposer=None):
-    target = FakeEngine(len(PROMPT), script)
+def loop_steps(script, draft, gamma, max_tokens, proposer=None, prompt=PROMPT):
+    target = FakeEngine(len(prompt), script)
     tw = TraceWriter(None, keep=True)
-    gen = generate(target, Request("p", PROMPT, max_tokens), Policy(),
-                   proposer or ScriptedProposer(len(PROMPT), draft), gamma, tw)
+    gen = generate(target, Request("p", prompt, max_tokens), Policy(),
+                   proposer or ScriptedProposer(len(prompt), draft), gamma, tw)
     return gen, [Step(r["proposed"], r["accepted"], r["emitted"], r["rejected_at"] is not None)
                  for r in tw.records if r["type"] == "step"]
 
@@ -74,6 +74,20 @@ def test_llama_ngram_replay_gives_the_loops_own_steps(draft, max_tokens):
     assert (gen["stop"] == "eos") == (max_tokens > 63)
     replay = llama_ngram_steps(PROMPT, gen["tokens"], EOS if gen["stop"] == "eos" else None, max_tokens, spec)
     assert replay == steps
+
+
+@pytest.mark.parametrize("max_tokens", [80, 50, 64])
+def test_ngram_cache_replay_gives_the_loops_own_steps(max_tokens):
+    """ngram-cache counts the prompt (with the first sampled token) whole, then only each step's accepted drafts
+    and sampled token: after a prompt of the pattern it drafts, and the replay gets its steps exactly; after
+    PROMPT, which holds none of it, it never drafts (a step that accepts nothing counts nothing)."""
+    spec, prompt = parse_draft("ngram-cache"), LLAMA_SCRIPT[:20]
+    gen, steps = loop_steps(LLAMA_SCRIPT, None, 8, max_tokens, proposer=proposer(spec), prompt=prompt)
+    assert any(s.accepted for s in steps) and any(s.rejected for s in steps)
+    replay = llama_ngram_steps(prompt, gen["tokens"], EOS if gen["stop"] == "eos" else None, max_tokens, spec)
+    assert replay == steps
+    _, steps = loop_steps(LLAMA_SCRIPT, None, 8, max_tokens, proposer=proposer(spec))
+    assert not any(s.proposed for s in steps)
 
 
 def test_expected_steps_with_certain_acceptance_are_the_greedy_steps():

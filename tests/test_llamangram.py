@@ -1,7 +1,8 @@
 """harness.llamangram: llama.cpp's ngram-simple, ngram-map-k(4v) and ngram-mod as proposers, against hand-worked
 token sequences (what each drafts after a given history, its drops and resets, its state across steps and
 prompts); their specs (parse and str), the plan's expansion and checks, llama-server's flags for them. The slow
-tier runs them end to end on SmolLM2, and against llama.cpp's own common_speculative_* built from the sources."""
+tier runs them end to end on SmolLM2, and against llama.cpp's own common_speculative_* built from the sources
+(ngram-cache too: its hand-worked tests are test_ngramcache's)."""
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ import pytest
 from harness.errors import HarnessError
 from harness.llamangram import MOD_MUL, MOD_SIZE, NgramMapK, NgramMod, NgramSimple, proposer
 from harness.loop import Request, generate
+from harness.ngramcache import NgramCache
 from harness.instance import Instance
 from harness.plan import expand, make_params
 from harness.report.howto import howto
@@ -301,6 +303,7 @@ def server_flags() -> set[str]:
                     "--spec-ngram-map-k-min-hits 1"),
     ("ngram-map-k4v:min-hits=2", "--spec-type ngram-map-k4v --spec-ngram-map-k4v-size-n 12 "
                                  "--spec-ngram-map-k4v-size-m 48 --spec-ngram-map-k4v-min-hits 2"),
+    ("ngram-cache", "--spec-type ngram-cache"),  # no flags: it drafts up to 8 tokens
 ])
 def test_howto_gives_llama_servers_flags_for_the_type(text, flags):
     d = parse_draft(text)
@@ -314,7 +317,7 @@ def test_howto_gives_llama_servers_flags_for_the_type(text, flags):
 
 def test_proposer_builds_each_type_from_its_spec():
     for text, cls in (("ngram-mod:n-max=8", NgramMod), ("ngram-simple", NgramSimple), ("ngram-map-k", NgramMapK),
-                      ("ngram-map-k4v", NgramMapK)):
+                      ("ngram-map-k4v", NgramMapK), ("ngram-cache", NgramCache)):
         p = proposer(parse_draft(text))
         assert type(p) is cls and p.name == text
     assert proposer(parse_draft("ngram-map-k4v")).key_only is False
@@ -334,11 +337,14 @@ def test_run_refuses_a_gamma_for_a_type_that_sets_its_own():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("draft", ["ngram-mod", "ngram-mod:n-match=3:n-min=1", "ngram-simple:size-n=2:size-m=4",
-                                   "ngram-map-k:size-n=2:size-m=4", "ngram-map-k4v:size-n=2:size-m=4"])
+                                   "ngram-map-k:size-n=2:size-m=4", "ngram-map-k4v:size-n=2:size-m=4", "ngram-cache"])
 def test_run_end_to_end_greedy_outputs_equal_plain(smol, draft):
     from tests.helpers import harness
-    r = harness("run", T, "--draft", draft, "--prompt", "Repeat this list three times, one item a line: apple, "
-                "banana, cherry, date, elderberry, fig, grape.", "--max-tokens", "96", "--baseline")
+    prompt = "Repeat this list three times, one item a line: apple, banana, cherry, date, elderberry, fig, grape."
+    if draft == "ngram-cache":  # it counts its output only where it accepted: a prompt the output copies
+        prompt = ("Copy this sentence exactly, twice: The quick brown fox jumps over the lazy dog near the old "
+                  "river bank.")
+    r = harness("run", T, "--draft", draft, "--prompt", prompt, "--max-tokens", "96", "--baseline")
     assert r.returncode == 0, r.stderr
     summary = r.stdout.rstrip("\n").rsplit("\n", 1)[1]
     assert "outputs equal" in summary and f"draft {draft} gamma" in summary, summary
@@ -385,11 +391,14 @@ def _text(rng, n, vocab, pool):
     return out[:n]
 
 
-def _case(rng):
-    """A type with random flags and up to 5 requests to one server: prompts, max tokens, plain greedy outputs
-    (some ended by token 0), extended by a token nothing drafts (what the target says past the end)."""
-    kind = rng.choice(["ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v"])
-    if kind == "ngram-mod":
+def _case(rng, kind=None):
+    """A type (`kind`, else one of the others at random) with random flags and up to 5 requests to one server:
+    prompts, max tokens, plain greedy outputs (some ended by token 0), extended by a token nothing drafts (what the
+    target says past the end)."""
+    kind = kind or rng.choice(["ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v"])
+    if kind == "ngram-cache":
+        spec = LlamaNgram.make(kind)
+    elif kind == "ngram-mod":
         n_max = rng.randint(1, 10)
         spec = LlamaNgram.make(kind, n_match=rng.randint(1, 5), n_max=n_max, n_min=rng.randint(0, n_max + 1))
     else:
@@ -407,7 +416,8 @@ def _case(rng):
 
 
 @pytest.mark.slow
-def test_drafted_and_accepted_equal_llama_cpps_own_code(tmp_path):
+@pytest.mark.parametrize("kind", [None, "ngram-cache"])  # None: the other types, at random
+def test_drafted_and_accepted_equal_llama_cpps_own_code(tmp_path, kind):
     """llama.cpp's common_speculative_init/begin/draft/accept (the calls llama-server makes), compiled from the
     vendored sources against `make native`'s libraries (tests/data/llamangram_driver.cpp), and the harness loop
     with the port, along the same plain outputs of up to 5 requests to one server: per request, the tokens drafted,
@@ -426,7 +436,7 @@ def test_drafted_and_accepted_equal_llama_cpps_own_code(tmp_path):
                     "-lpthread", "-ldl", "-fopenmp"], check=True, capture_output=True)
     rng, differ = random.Random(0), []
     for c in range(200):
-        spec, reqs = _case(rng)
+        spec, reqs = _case(rng, kind)
         lines = [spec.kind + "".join(f" {k}={v}" for k, v in spec.params)]
         for n_predict, prompt, out in reqs:
             lines += [f"{n_predict} 0", " ".join(map(str, prompt)), " ".join(map(str, out))]
@@ -448,7 +458,9 @@ def test_drafted_and_accepted_equal_llama_cpps_own_code(tmp_path):
 
 
 @pytest.mark.slow
-def test_drafted_and_accepted_equal_llama_servers_along_its_own_outputs(smol, tmp_path):
+@pytest.mark.parametrize("text", ["ngram-mod:n-match=4:n-min=2", "ngram-simple:size-n=3:size-m=8",
+                                  "ngram-map-k:size-n=3:size-m=8", "ngram-cache"])
+def test_drafted_and_accepted_equal_llama_servers_along_its_own_outputs(smol, tmp_path, text):
     """The real llama-server (`make native`'s), greedy, one server per type over 6 prompts in order, cache_prompt
     off; then the harness loop with the port teacher-forced along the server's own outputs (the two engines'
     greedy outputs part at kernel near-ties, and a port's state follows its outputs): per prompt, the tokens
@@ -467,30 +479,29 @@ def test_drafted_and_accepted_equal_llama_servers_along_its_own_outputs(smol, tm
         eog = [t for t in range(8) if vocab.is_eog(t)]
     finally:
         e.close()
-    for text in ("ngram-mod:n-match=4:n-min=2", "ngram-simple:size-n=3:size-m=8", "ngram-map-k:size-n=3:size-m=8"):
-        spec = parse_draft(text)
-        flags = [x for k, v in spec.params for x in (f"--spec-{spec.kind}-{k}", str(v))]
-        args = ["-m", str(smol), "-c", "4096", "-np", "1", "-ngl", "0", "--temp", "0", "--spec-type", spec.kind, *flags]
-        with Server(binary, args, free_port(), tmp_path / f"{spec.kind}.log", "speculative") as srv:
-            srv.start(120)
-            answers = [srv.complete({"prompt": toks, "n_predict": mt, "cache_prompt": False, "return_tokens": True,
-                                     "samplers": ["top_k"], "top_k": 1}, pid, 600) for pid, toks, mt in reqs]
-        p, ours, theirs = proposer(spec), [], []
-        for (pid, toks, mt), a in zip(reqs, answers):
-            out, stop = list(a["tokens"]), [eog[0]]
-            if a.get("stop_type") == "eos" and out and out[-1] in eog:
-                stop = [out.pop()]
-            recs = []
+    spec = parse_draft(text)
+    flags = [x for k, v in spec.params for x in (f"--spec-{spec.kind}-{k}", str(v))]
+    args = ["-m", str(smol), "-c", "4096", "-np", "1", "-ngl", "0", "--temp", "0", "--spec-type", spec.kind, *flags]
+    with Server(binary, args, free_port(), tmp_path / f"{spec.kind}.log", "speculative") as srv:
+        srv.start(120)
+        answers = [srv.complete({"prompt": toks, "n_predict": mt, "cache_prompt": False, "return_tokens": True,
+                                 "samplers": ["top_k"], "top_k": 1}, pid, 600) for pid, toks, mt in reqs]
+    p, ours, theirs = proposer(spec), [], []
+    for (pid, toks, mt), a in zip(reqs, answers):
+        out, stop = list(a["tokens"]), [eog[0]]
+        if a.get("stop_type") == "eos" and out and out[-1] in eog:
+            stop = [out.pop()]
+        recs = []
 
-            class Trace:
-                write = recs.append
-            script = out + stop + [max(out + stop) + 1] * (spec.own_gamma + 2)  # past the end: nothing drafts it
-            gen = generate(Scripted(len(toks), script, lambda t: t in eog), Request(pid, toks, mt), Policy(), p,
-                           spec.own_gamma, Trace())
-            assert gen["tokens"] == out
-            steps = [x for x in recs if x["type"] == "step"]
-            ours.append((pid, sum(x["proposed"] for x in steps), sum(x["accepted_raw"] for x in steps)))
-            theirs.append((pid, a["timings"].get("draft_n", 0), a["timings"].get("draft_n_accepted", 0)))  # absent: 0
-        assert ours == theirs, text
-        assert sum(x[1] for x in ours) > 0, text
+        class Trace:
+            write = recs.append
+        script = out + stop + [max(out + stop) + 1] * (spec.own_gamma + 2)  # past the end: nothing drafts it
+        gen = generate(Scripted(len(toks), script, lambda t: t in eog), Request(pid, toks, mt), Policy(), p,
+                       spec.own_gamma, Trace())
+        assert gen["tokens"] == out
+        steps = [x for x in recs if x["type"] == "step"]
+        ours.append((pid, sum(x["proposed"] for x in steps), sum(x["accepted_raw"] for x in steps)))
+        theirs.append((pid, a["timings"].get("draft_n", 0), a["timings"].get("draft_n_accepted", 0)))  # absent: 0
+    assert ours == theirs, text
+    assert sum(x[1] for x in ours) > 0, text
 
