@@ -137,8 +137,8 @@ def drafts(target, paths, as_json):
     "max_tokens", "budget_min", "out", "resume", "dry_run"))
 @click.option("--profile", multiple=True, help="A named profile from profiles.toml (make bench uses 'default').")
 @click.option("--target", help="Comma list of target names or paths.")
-@click.option("--draft", help="Comma list: names, paths, ngram:N, ngram-simple/-map-k/-map-k4v/-mod; --engine server "
-              "also ngram-cache, draft-mtp[:HEAD], draft-eagle3:HEAD, draft-dflash:HEAD, A+B (a --spec-type list); "
+@click.option("--draft", help="Comma list: names, paths, ngram:N, ngram-simple/-map-k/-map-k4v/-mod/-cache; --engine "
+              "server also draft-mtp[:HEAD], draft-eagle3:HEAD, draft-dflash:HEAD, A+B (a --spec-type list); "
               "none = baseline only; not given: picked for the target.")
 @click.option("--gamma", help="Comma list of draft lengths, e.g. 1,2,4,8; auto or auto:N picks gamma per step.")
 @click.option("--temp", help="Comma list of temperatures (0 = greedy).")

@@ -52,7 +52,8 @@ def plan_one(**opts) -> tuple:
     params = make_params({}, given)
     if params.draft[0].own_gamma and "gamma" in given:
         raise HarnessError(f"--gamma: {params.draft[0]} drafts up to its own {params.draft[0].own_gamma} tokens, as in "
-                           "llama-server: set its n-max (size-m) in the draft instead, e.g. ngram-mod:n-max=16")
+                           "llama-server: set its n-max (size-m) in the draft instead, e.g. ngram-mod:n-max=16 "
+                           "(ngram-cache's is 8)")
     if params.gamma[0].adaptive:
         raise HarnessError("harness run takes a fixed --gamma (auto needs bench's calibration: harness bench "
                            "--gamma auto)")
