@@ -171,16 +171,18 @@ def site_items(wheels: list[Path], tree: Path, stage: Path) -> list[tuple[str, P
 
 # -- models ------------------------------------------------------------------------------------------------------
 # The target a few MB (four layers, f16), the draft its first two layers and tables (the same seed draws the
-# same weights per tensor name): they agree often, so speculation both accepts and rejects. Random weights:
-# they test offload and equality, not speed worth quoting.
-TINY = {"tiny-target.gguf": dict(n_layer=4, n_embd=256, n_head=8, n_head_kv=4, n_ff=768, dtype="f16"),
-        "tiny-draft.gguf": dict(n_layer=2, n_embd=256, n_head=8, n_head_kv=4, n_ff=768, dtype="f16")}
+# same weights per tensor name): they agree now and then, so speculation both accepts and rejects. 1,024 unused
+# tokens pad the vocabulary past the 512 token ids that bench's probe decodes. Random weights: they test
+# offload and equality, not speeds worth quoting.
+_SHAPE = dict(seed=0, variant="padding", n_padding=1024, context_length=4096, n_embd=256, n_head=8, n_head_kv=4,
+              n_ff=768, dtype="f16")
+TINY = {"tiny-target.gguf": dict(_SHAPE, n_layer=4), "tiny-draft.gguf": dict(_SHAPE, n_layer=2)}
 
 
 def write_models(dest: Path) -> list[Path]:
     sys.path.insert(0, str(ROOT))
     from tests.tiny_gguf import write_tiny_model
-    return [write_tiny_model(dest / name, seed=0, name=name.removesuffix(".gguf"), **kw) for name, kw in TINY.items()]
+    return [write_tiny_model(dest / name, name=name.removesuffix(".gguf"), **kw) for name, kw in TINY.items()]
 
 
 # -- the size that travels ---------------------------------------------------------------------------------------

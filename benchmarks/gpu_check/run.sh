@@ -76,12 +76,33 @@ trap pack_runs EXIT
 
 # ggml's AMX kernels are dropped as the Makefile does (ggml-org/llama.cpp#20824); shared libraries, since the
 # harness loads libllama.so; no curl, OpenSSL or web UI (nothing can be fetched there).
+cublas=()
+find_cublas() {  # ggml-cuda links cuBLAS: the toolkit's, else the nvidia wheels' that the image holds for PyTorch
+  local tk nv inc
+  tk=$(dirname "$(command -v nvcc)")/..
+  ls "$tk"/include/cublas_v2.h "$tk"/targets/*/include/cublas_v2.h /usr/local/cuda*/include/cublas_v2.h \
+    >/dev/null 2>&1 && return
+  nv=$("$py" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null) || return 0
+  inc=$(find "$nv" -name cublas_v2.h -print -quit)
+  [ -n "$inc" ] || return 0
+  mkdir -p "$work/cublas"
+  find "$nv" -name 'libcublas*.so*' -exec ln -sf {} "$work/cublas/" \;
+  for l in cublas cublasLt; do
+    ln -sf "$(ls "$work/cublas/lib$l.so."* | head -1)" "$work/cublas/lib$l.so"
+  done
+  echo "gpu-check: no cuBLAS in the toolkit; using the wheels' ($inc)"
+  cublas=(-DCUDA_cublas_LIBRARY="$work/cublas/libcublas.so" -DCUDA_cublasLt_LIBRARY="$work/cublas/libcublasLt.so"
+          -DCMAKE_CUDA_FLAGS="-I${inc%/*}")
+  export LD_LIBRARY_PATH=$work/cublas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
+
 build() {
   tar -xJf "$pack/llama.cpp.tar.xz" -C "$work" || return
+  [ "$dry" = 1 ] || find_cublas
   cmake -S "$work/llama.cpp" -B "$bld" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
-    -DLLAMA_USE_PREBUILT_UI=OFF -DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__ "${backend[@]}" \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__ "${backend[@]}" "${cublas[@]}" \
     && cmake --build "$bld" --config Release --target llama llama-server -j"$jobs" || return
   if [ "$dry" != 1 ] && [ ! -f "$bld/bin/libggml-cuda.so" ]; then
     echo "gpu-check: the build made no libggml-cuda.so: refusing to go on" >&2
@@ -91,7 +112,9 @@ build() {
 }
 
 if [ "$mode" != check ]; then
-  step "build ($label, -j$jobs)" build > >(tee "$out/build.log") 2>&1 || exit 1
+  step "build ($label, -j$jobs)" build > "$out/build.log" 2>&1
+  tail -n 3 "$out/build.log"
+  grep -q $'^build.*\tok\t' "$out/summary.tsv" || { tail -n 40 "$out/build.log"; exit 1; }
 fi
 [ "$mode" = build ] && exit 0
 if [ ! -f "$bld/bin/libllama.so" ] || [ ! -x "$bld/bin/llama-server" ]; then
@@ -101,6 +124,7 @@ fi
 
 mkdir -p "$work/site" "$runs"
 tar -xJf "$pack/site.tar.xz" -C "$work/site" || exit 1
+[ -d "$work/cublas" ] && export LD_LIBRARY_PATH=$work/cublas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$work/site:$root LLAMA_CPP_LIB_PATH=$bld/bin HARNESS_NATIVE_BIN=$bld/bin PYTHONUNBUFFERED=1
 harness() { "$py" -c 'from harness.cli import main; main()' "$@"; }
 T=$work/models/tiny-target.gguf D=$work/models/tiny-draft.gguf
