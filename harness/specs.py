@@ -277,7 +277,7 @@ def parse_draft(text) -> DraftSpec:
         return _parse_llama(text)
     if head in HEADS:
         return _parse_server_type(text)
-    if head.startswith("draft-") and "/" not in text and not text.endswith(".gguf"):
+    if head in ("draft-simple", "draft-dspark"):  # llama.cpp's names; other draft-* names may be models
         raise HarnessError(f"--draft {text}: no type {head} here (llama-server's drafting heads: {', '.join(HEADS)};"
                            " a draft model by name or path for draft-simple)")
     if "=" in head and ":" not in text:  # a flag cut off its type by a comma list

@@ -55,12 +55,14 @@ def test_the_existing_kinds_name_their_llama_server_type():
         ["none", None, "draft-simple", "ngram-mod"]
     assert not any(parse_draft(t).server_only for t in ("none", "ngram:3", "d.gguf", MOD))
     assert parse_draft("d.gguf") == DraftModel("d.gguf")
+    assert parse_draft("draft-model") == DraftModel("draft-model")  # a catalog name, not one of llama.cpp's types
 
 
 @pytest.mark.parametrize("text, words", [
     ("draft-eagle3", ["draft-eagle3:PATH.gguf"]),
     ("draft-dflash", ["draft-dflash:PATH.gguf"]),
     ("draft-dspark", ["no type draft-dspark", "draft-mtp, draft-eagle3, draft-dflash"]),
+    ("draft-simple", ["a draft model by name or path for draft-simple"]),
     ("ngram-cache:n=2", ["ngram-cache takes no flags"]),
     ("ngram-cache:n", ["ngram-cache takes no flags"]),
     ("ngram:3+ngram-mod", ["ngram:3 cannot be part of a combination"]),
