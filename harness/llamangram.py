@@ -19,7 +19,8 @@ import numpy as np
 
 from harness.drafting import Proposal
 from harness.sampling import Dist, Policy
-from harness.specs import LlamaNgram
+from harness import ngramcache
+from harness.specs import NGRAM_CACHE_DRAFT, LlamaNgram
 
 MASK64 = (1 << 64) - 1
 MOD_MUL = 6364136223846793005  # common_ngram_mod::idx: res = res * MOD_MUL + token (mod 2^64), then % size
@@ -38,7 +39,6 @@ def proposer(spec: LlamaNgram) -> LlamaNgramProposer:
     """The proposer of a parsed spec (pair.open_pair's)."""
     v = spec.values
     if spec.kind == "ngram-cache":
-        from harness.ngramcache import NgramCache  # it imports this module's LlamaNgramProposer
         return NgramCache()
     if spec.kind == "ngram-mod":
         return NgramMod(v["n-match"], v["n-max"], v["n-min"])
@@ -338,3 +338,28 @@ class NgramMod(LlamaNgramProposer):
                     self.n_low = self.i_last = 0
             else:
                 self.n_low = 0
+
+
+class NgramCache(LlamaNgramProposer):
+    """llama.cpp's ngram-cache: common_speculative_impl_ngram_cache's draft_one (begin and accept do nothing). State:
+    the context cache and cache_size, how many of the server's tokens it has counted, kept across generations (one
+    server's lifetime). A draft first counts the tokens from cache_size on (the cached ones and the token just
+    sampled) as one sequence of their own, so no counted n-gram spans two updates: the prompt with the first
+    sampled token at the first draft, then each step's accepted drafts and its sampled token (a step that accepted
+    none counts nothing); a later request counts only its prompt's tokens beyond the earlier requests' cache_size.
+    It then drafts up to n_draft (8) tokens; the dynamic and static caches stay empty."""
+
+    def __init__(self, n_draft: int = NGRAM_CACHE_DRAFT):
+        super().__init__(LlamaNgram.make("ngram-cache"))
+        self.n_draft = n_draft
+        self.cache_size = 0
+        self.context: ngramcache.Cache = {}
+        self.dynamic: ngramcache.Cache = {}
+        self.static: ngramcache.Cache = {}
+
+    def draft(self, cached: list[int], id_last: int) -> list[int]:
+        if self.cache_size < len(cached) + 1:
+            new = [*cached[self.cache_size:], id_last]
+            ngramcache.update(self.context, new, len(new))
+            self.cache_size = len(cached) + 1
+        return ngramcache.draft([*cached, id_last], self.n_draft, self.context, self.dynamic, self.static)

@@ -1,15 +1,13 @@
-"""llama.cpp's ngram-cache speculative type as a harness proposer, ported from the llama.cpp that llama-cpp-python
-0.3.36 vendors: common_ngram_cache (common/ngram-cache.h), common_ngram_cache_update and common_ngram_cache_draft
-(common/ngram-cache.cpp), through common_speculative_impl_ngram_cache (common/speculative.cpp), as
-create_state_ngram_cache makes it: n_draft 8, no static or dynamic cache file (llama-server's --lookup-cache-static
-and --lookup-cache-dynamic, which the harness does not pass), nothing saved. The server calls it as it calls the
-other n-gram types (harness.llamangram's module docstring): begin and accept do nothing, draft updates the context
-cache with the tokens new since the last draft, then drafts. Pure Python; no model.
+"""llama.cpp's ngram-cache speculative type's cache and draft (harness.llamangram's NgramCache is its proposer), ported
+from the llama.cpp that llama-cpp-python 0.3.36 vendors: common_ngram_cache (common/ngram-cache.h),
+common_ngram_cache_update and common_ngram_cache_draft (common/ngram-cache.cpp), through
+common_speculative_impl_ngram_cache (common/speculative.cpp), as create_state_ngram_cache makes it: n_draft 8, no
+static or dynamic cache file (llama-server's --lookup-cache-static and --lookup-cache-dynamic, which the harness
+does not pass), nothing saved. The server calls it as it calls the other n-gram types (harness.llamangram's module
+docstring): begin and accept do nothing, draft updates the context cache with the tokens new since the last draft,
+then drafts. Pure Python; no model.
 """
 from __future__ import annotations
-
-from harness.llamangram import LlamaNgramProposer
-from harness.specs import NGRAM_CACHE_DRAFT, LlamaNgram
 
 NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2  # LLAMA_NGRAM_MIN, LLAMA_NGRAM_MAX, LLAMA_NGRAM_STATIC
 # (min sample size, min percent) for n-grams of 1..4 tokens: a count below either skips that n-gram
@@ -95,28 +93,3 @@ def draft(inp: list[int], n_draft: int, context: Cache, dynamic: Cache, static: 
             break
         out.append(tok)
     return out
-
-
-class NgramCache(LlamaNgramProposer):
-    """llama.cpp's ngram-cache: common_speculative_impl_ngram_cache's draft_one (begin and accept do nothing). State:
-    the context cache and cache_size, how many of the server's tokens it has counted, kept across generations (one
-    server's lifetime). A draft first counts the tokens from cache_size on (the cached ones and the token just
-    sampled) as one sequence of their own, so no counted n-gram spans two updates: the prompt with the first
-    sampled token at the first draft, then each step's accepted drafts and its sampled token (a step that accepted
-    none counts nothing); a later request counts only its prompt's tokens beyond the earlier requests' cache_size.
-    It then drafts up to n_draft (8) tokens; the dynamic and static caches stay empty."""
-
-    def __init__(self, n_draft: int = NGRAM_CACHE_DRAFT):
-        super().__init__(LlamaNgram.make("ngram-cache"))
-        self.n_draft = n_draft
-        self.cache_size = 0
-        self.context: Cache = {}
-        self.dynamic: Cache = {}
-        self.static: Cache = {}
-
-    def draft(self, cached: list[int], id_last: int) -> list[int]:
-        if self.cache_size < len(cached) + 1:
-            new = [*cached[self.cache_size:], id_last]
-            update(self.context, new, len(new))
-            self.cache_size = len(cached) + 1
-        return draft([*cached, id_last], self.n_draft, self.context, self.dynamic, self.static)

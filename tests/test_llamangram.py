@@ -17,7 +17,7 @@ import pytest
 from harness.errors import HarnessError
 from harness.llamangram import MOD_MUL, MOD_SIZE, NgramMapK, NgramMod, NgramSimple, proposer
 from harness.loop import Request, generate
-from harness.ngramcache import NgramCache
+from harness.llamangram import NgramCache
 from harness.instance import Instance
 from harness.plan import expand, make_params
 from harness.report.howto import howto

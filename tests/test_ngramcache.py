@@ -8,7 +8,8 @@ import pytest
 
 from harness.llamangram import proposer
 from harness.loop import Request, generate
-from harness.ngramcache import NgramCache, draft, update
+from harness.llamangram import NgramCache
+from harness.ngramcache import draft, update
 from harness.sampling import Policy
 from harness.specs import LlamaNgram, parse_draft
 from tests.fakes import FakeEngine
