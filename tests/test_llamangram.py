@@ -56,26 +56,6 @@ def test_defaults_and_the_longest_draft_are_llama_cpps():
     assert parse_draft("ngram:2") == NGram(2) and parse_draft("ngram") == NGram(3) and NGram(2).own_gamma is None
 
 
-@pytest.mark.parametrize("text, words", [
-    ("ngram-cache:n=3", ["ngram-cache takes no flags"]),
-    ("ngram-foo", ["no n-gram type ngram-foo", "ngram:N"]),
-    ("ngram-mod:size-n=3", ["ngram-mod has no flag size-n", "n-match, n-max, n-min"]),
-    ("ngram-mod:n-max=0", ["never drafts"]),
-    ("ngram-mod:n-max=2000", ["n-max", "from 0 to 1024"]),
-    ("ngram-simple:size-n=0", ["size-n", "from 1 to 1024"]),
-    ("ngram-mod:n-max=x", ["must be an integer"]),
-    ("ngram-mod:n-max", ["flag=N"]),
-    ("ngram-mod:n-max=4:n_max=5", ["once each"]),
-    ("n-min=4", ["':', not ','"]),  # what a comma list leaves of ngram-mod:n-max=16,n-min=4
-])
-def test_a_bad_spec_is_refused_in_one_line(text, words):
-    with pytest.raises(HarnessError) as e:
-        parse_draft(text)
-    assert "\n" not in str(e.value)
-    for w in words:
-        assert w in str(e.value), str(e.value)
-
-
 # -- ngram-mod ---------------------------------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """harness.specs: the types only llama-server runs here (ServerType: the drafting heads), ngram-cache (ported, a
-LlamaNgram with no flags) and
-llama-server's comma lists of types (Combined, written with '+'), parsed, written back and refused in one line; the
-plan keeps them to --engine server. (llama.cpp's n-gram types' specs: test_llamangram.)"""
+LlamaNgram with no flags) and llama-server's comma lists of types (Combined, written with '+'), parsed, written back
+and refused in one line; the plan keeps them to --engine server. Every spec refused in one line is here; the n-gram
+types' readings: test_llamangram."""
 import pytest
 
 from harness.errors import HarnessError
@@ -70,6 +70,15 @@ def test_the_existing_kinds_name_their_llama_server_type():
     ("ngram-mod+ngram-mod:n-max=8", ["each llama.cpp type once"]),
     ("d.gguf+draft-mtp", ["one draft context"]),
     ("a.gguf+b.gguf", ["each llama.cpp type once"]),
+    ("ngram-foo", ["no n-gram type ngram-foo", "ngram:N"]),
+    ("ngram-mod:size-n=3", ["ngram-mod has no flag size-n", "n-match, n-max, n-min"]),
+    ("ngram-mod:n-max=0", ["never drafts"]),
+    ("ngram-mod:n-max=2000", ["n-max", "from 0 to 1024"]),
+    ("ngram-simple:size-n=0", ["size-n", "from 1 to 1024"]),
+    ("ngram-mod:n-max=x", ["must be an integer"]),
+    ("ngram-mod:n-max", ["flag=N"]),
+    ("ngram-mod:n-max=4:n_max=5", ["once each"]),
+    ("n-min=4", ["':', not ','"]),  # what a comma list leaves of ngram-mod:n-max=16,n-min=4
 ])
 def test_a_bad_spec_is_refused_in_one_line(text, words):
     with pytest.raises(HarnessError) as e:
