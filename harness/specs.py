@@ -15,10 +15,11 @@ NONE = "none"  # the plain baseline's draft, as records name it
 
 
 class DraftSpec:
-    """What proposes the drafts. `model` is the draft model's reference (a name or a path) and `ngram` the lookup's
-    n, each None for the other kinds."""
+    """What proposes the drafts. `model` is the draft model's reference (a name or a path), `ngram` the lookup's
+    n and `head` a drafting head's GGUF (ServerType), each None for the other kinds."""
     model: str | None = None
     ngram: int | None = None
+    head: str | None = None
 
     @property
     def plain(self) -> bool:

@@ -139,7 +139,7 @@ def models_info(names: set[str]) -> dict[str, dict]:
     from harness.specs import parse_draft
     for n in sorted(names):
         spec = parse_draft(n)
-        ref = spec.model or getattr(spec, "head", None)  # a combination's draft model, a drafting head's file
+        ref = spec.model or spec.head  # a combination's draft model, a drafting head's file
         if ref is None:
             note = "n-gram lookup (no model)" if spec.model_free else "the target's own MTP layers"
             out[n] = {"quant": "", "bytes": 0, "sha256": "", "note": note}
