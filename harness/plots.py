@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import polars as pl
@@ -97,7 +98,11 @@ def verdicts(v: pl.DataFrame | None, out: Path) -> Path | None:
         return None
     plt = _plt()
     v = v.filter(pl.col("speedup").is_not_null())
-    labels = [f"{r['category']} ({r['policy']})" for r in v.iter_rows(named=True)]
+    # every row names its target, by what sets it apart from the others (its quantization, for one model's)
+    names = v["target"].unique(maintain_order=True).to_list() if "target" in v.columns else []
+    cut = len(os.path.commonprefix(names)) if len(names) > 1 else None
+    labels = [(f"{r['target'][cut:]}: " if cut is not None else "") + f"{r['category']} ({r['policy']})"
+              for r in v.iter_rows(named=True)]
     colour = {"speculate": "tab:green", "plain decoding": "tab:red", "no gain worth having": "tab:blue",
               "inconclusive": "tab:grey"}
     fig, ax = plt.subplots(figsize=(6.5, 0.35 * len(v) + 1.2))

@@ -129,10 +129,25 @@ def _seed(key: str) -> int:
 def row_intervals(row: Row, key: str, reps: int = REPLICATES, level: float = LEVEL) -> dict:
     """Each figure with (lo, hi) at `level`, its bootstrap standard error and the number of prompts:
     {"speedup": x, "speedup_lo": ..., "speedup_hi": ..., "speedup_se": ... (log scale), ..., "prompts": n}."""
+    return sums_intervals(row_sums(row, key, reps), level)
+
+
+def row_sums(row: Row, key: str, reps: int = REPLICATES) -> tuple[np.ndarray, np.ndarray, int]:
+    """A row's summed FIELDS, its bootstrap replicates' sums [reps, FIELDS] (seeded by key) and its prompts."""
     total = sum(m.sum(axis=0) for gens in row.prompts for g in gens for m in (g.spec, g.plain) if len(m))
-    n = len(row.prompts)
-    est = figures(np.asarray(total, float))
-    boot = figures(_resampled_sums(row, np.random.default_rng(_seed(key)), reps))
+    return np.asarray(total, float), _resampled_sums(row, np.random.default_rng(_seed(key)), reps), len(row.prompts)
+
+
+def pooled_sums(parts: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Rows over disjoint prompt sets (a run's categories) as one: their sums and replicates added, a bootstrap
+    stratified by part (each part's prompts resampled among themselves, as the run's mix of them is fixed)."""
+    return sum(t for t, _, _ in parts), sum(b for _, b, _ in parts), sum(n for _, _, n in parts)
+
+
+def sums_intervals(sums: tuple[np.ndarray, np.ndarray, int], level: float = LEVEL) -> dict:
+    """row_intervals' figures from row_sums (or pooled_sums)."""
+    total, resampled, n = sums
+    est, boot = figures(total), figures(resampled)
     out = {"prompts": n}
     for name, x in est.items():
         x = float(x)

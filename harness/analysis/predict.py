@@ -11,7 +11,8 @@ from statistics import NormalDist
 import numpy as np
 import polars as pl
 
-from harness.analysis.intervals import REPLICATES, Generation, Row, row_intervals, step_matrix, widened
+from harness.analysis.intervals import (REPLICATES, Generation, Row, pooled_sums, row_sums, step_matrix,
+                                       sums_intervals, widened)
 from harness.analysis.replay import expected, greedy_steps, llama_ngram_steps, ngram_steps, replay_step
 from harness.costmodel import AdaptiveGamma, Costs, Step, price, read
 from harness.drafting import Drafting, ngram_lookup
@@ -19,6 +20,7 @@ from harness.specs import DraftSpec, LlamaNgram, parse_draft
 
 FIGURES = ("speedup", "acceptance_rate", "mean_accepted_len", "alpha")
 PLAIN = Step(0, 0, 1)  # a plain decode
+ALL = "all"  # the category of a row over every category at once
 
 
 def plain_decode_ms(gens: pl.DataFrame) -> dict[tuple[str, str], float]:
@@ -61,11 +63,13 @@ def cost_draws(rec: dict, n: int, key: str) -> dict | None:
     return out
 
 
-def cost_sd(kinds: Counter, decodes: float, draws: Costs) -> float:
+def cost_sd(parts: list[tuple[Counter, float, Costs]]) -> float:
     """The log speedup's spread over cost draws: the plain twins' time (`decodes` plain decodes) over the
-    speculative steps' (kinds: {(step, backlog): count}), both priced under every draw."""
-    spec = sum(w * price(s.shape(b), draws) for (s, b), w in kinds.items())
-    x = np.atleast_1d(np.log(decodes * price(PLAIN.shape(), draws) / spec))
+    speculative steps' (kinds: {(step, backlog): count}), both priced under every draw, summed over the parts
+    (kinds, decodes, draws) of a row (its categories, each at its own levelled costs, drawn together)."""
+    spec = sum(w * price(s.shape(b), d) for kinds, _, d in parts for (s, b), w in kinds.items())
+    plain = sum(n * price(PLAIN.shape(), d) for _, n, d in parts)
+    x = np.atleast_1d(np.log(plain / spec))
     return float(x.std(ddof=1)) if x.size > 1 else 0.0
 
 
@@ -145,10 +149,11 @@ def _reached(steps: list[Step], alpha) -> list[float]:
     return out
 
 
-def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dict]:
+def predictions(records: list[dict], plain_ms: dict, gamma_max: int, pooled: bool = False) -> list[dict]:
     """Rows {config, policy, category, proposer, verify, gamma, kind, prompts, figure, figure_lo, figure_hi, ...}
     from one run's replay records (proposer: the draft as the tables name it, its rule included);
-    plain_ms[(config, category)] is the measured plain ms per decode (plain_decode_ms)."""
+    plain_ms[(config, category)] is the measured plain ms per decode (plain_decode_ms). pooled: also a row over
+    every category at once (category ALL) where there are several."""
     prompts = defaultdict(list)
     reps, costs = {}, {}
     for r in records:
@@ -165,12 +170,12 @@ def predictions(records: list[dict], plain_ms: dict, gamma_max: int) -> list[dic
         exact = not greedy and any("alpha_exact" in r for k, r in reps.items() if k[:2] == (config, policy)
                                    and k[3] == name)
         for rule in ("leviathan", "exact")[:1 + exact]:
-            out += _rows(config, policy, name, Drafting(rule), crec, prompts, reps, plain_ms, gamma_max)
+            out += _rows(config, policy, name, Drafting(rule), crec, prompts, reps, plain_ms, gamma_max, pooled)
     return out
 
 
 def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts: dict, reps: dict, plain_ms: dict,
-          gamma_max: int) -> list[dict]:
+          gamma_max: int, pooled: bool) -> list[dict]:
     greedy, label, out = policy == "greedy", drafting.label(proposer), []
     spec = parse_draft(proposer)
     lookup = _lookup(spec, greedy)
@@ -183,30 +188,45 @@ def _rows(config: str, policy: str, proposer: str, drafting, crec: dict, prompts
     by_cat = defaultdict(list)
     for p in prompts[(config, policy)]:
         by_cat[p["category"]].append(p)
+    priced = {}  # per category: its prompts, its levelled costs, and those under each cost draw
     for cat, ps in by_cat.items():
         context = float(np.mean([len(p["prompt_tokens"]) + len(p["tokens"]) / 2 for p in ps]))
         measured = read(crec).costs(context)  # the replay's own decode, not levelled: what bounds a prediction
-        c = measured.levelled(plain_ms.get((config, cat)))
-        cd = read(draws).costs(context).levelled(plain_ms.get((config, cat))) if draws else None
-        # every fixed gamma (llama.cpp's n-gram types: their own); and, greedy with a draft model, the adaptive
-        # controller up to gamma_max
-        runs = [(spec.own_gamma, False)] if spec.own_gamma else \
-            [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
+        priced[cat] = (ps, measured, measured.levelled(plain_ms.get((config, cat))),
+                       read(draws).costs(context).levelled(plain_ms.get((config, cat))) if draws else None)
+    # every fixed gamma (llama.cpp's n-gram types: their own); and, greedy with a draft model, the adaptive
+    # controller up to gamma_max
+    runs = [(spec.own_gamma, False)] if spec.own_gamma else \
+        [(g, False) for g in range(1, gamma_max + 1)] + [(gamma_max, True)] * (greedy and lookup is None)
+    parts = defaultdict(list)  # per (gamma, adaptive): per category (category, generations, costs, draws)
+    for cat, (ps, measured, c, cd) in priced.items():
         for gamma, adaptive in runs:
             got = [x for p in ps if (x := generation(p, _as_rule(reps.get((config, policy, p["prompt_id"], proposer)),
                                                                  drafting.verify), gamma, c, exact, lookup, adaptive))]
-            if not got:
-                continue
-            iv = row_intervals(Row([[g] for g, _ in got]),
-                               f"replay/{config}/{cat}/{label}/{gamma}" + ("/auto" if adaptive else ""))
-            if cd is not None:  # the steps as replayed, priced under each draw (an adaptive choice held fixed)
-                iv = widened(iv, cost_sd(sum((k for _, k in got), Counter()), sum(len(g.plain) for g, _ in got), cd))
-            out.append({"config": config, "policy": policy, "category": cat, "proposer": label, "draft": proposer,
-                        "verify": drafting.verify,
-                        "gamma": gamma, "adaptive": adaptive, "kind": "exact" if exact else "expected",
-                        "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g, _ in got)),
-                        "bound": speedup_bound(measured, gamma)}
-                       | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
+            if got:
+                parts[(gamma, adaptive)].append((cat, got, measured, cd))
+    # each category, then (where there are several) all of them at once: the run's mix of prompts, each priced at
+    # its own category's levelled costs
+    groups = [(cat, run, [part]) for cat in priced for run, ps in parts.items() for part in ps if part[0] == cat]
+    groups += [(ALL, run, ps) for run, ps in parts.items() if pooled and len(ps) > 1]
+    sums = {}  # per (category, gamma, adaptive): its bootstrap, which the row over every category pools
+    for cat, (gamma, adaptive), ps in groups:
+        got = [g for _, gs, _, _ in ps for g in gs]
+        if cat == ALL:
+            iv = sums_intervals(pooled_sums([sums[(c, gamma, adaptive)] for c, *_ in ps]))
+        else:
+            sums[(cat, gamma, adaptive)] = row_sums(Row([[g] for g, _ in got]),
+                                                    f"replay/{config}/{cat}/{label}/{gamma}" + "/auto" * adaptive)
+            iv = sums_intervals(sums[(cat, gamma, adaptive)])
+        if all(cd is not None for *_, cd in ps):  # the steps as replayed, priced under each draw
+            iv = widened(iv, cost_sd([(sum((k for _, k in gs), Counter()), sum(len(g.plain) for g, _ in gs), cd)
+                                      for _, gs, _, cd in ps]))
+        out.append({"config": config, "policy": policy, "category": cat, "proposer": label, "draft": proposer,
+                    "verify": drafting.verify,
+                    "gamma": gamma, "adaptive": adaptive, "kind": "exact" if exact else "expected",
+                    "prompts": iv["prompts"], "proposed": float(sum(g.spec[:, 5].sum() for g, _ in got)),
+                    "bound": max(speedup_bound(m, gamma) for _, _, m, _ in ps)}
+                   | {f"{f}{s}": iv[f"{f}{s}"] for f in FIGURES for s in ("", "_lo", "_hi", "_se")})
     return out
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from harness.analysis.predict import ALL
 from harness.analysis.verdict import SPECULATE
 from harness.errors import HarnessError
 from harness.plan import Params
@@ -37,7 +38,9 @@ def server_check(params: Params, run_dir: Path, plan: dict, time_left=None, figu
         plan["server_check"] = {"not_run": str(e)}
         write_plan(run_dir, plan)
         return
-    found.sort(key=lambda c: (c.answer["verdict"] != SPECULATE, -(c.answer.get("speedup") or 0.0)))
+    # the bottom lines first (each target's configuration over every category), then the answers per category
+    found.sort(key=lambda c: (c.answer["category"] != ALL, c.answer["verdict"] != SPECULATE,
+                              -(c.answer.get("speedup") or 0.0)))
     click.echo(f"llama-server check: {sum(not c.skip for c in found)} configuration(s), {params.server_check} "
                f"prompt(s) each, in {binary}", err=True)
     measure_checks(run_dir, found, kept_rows(run_dir), binary, version, None, START_TIMEOUT_S, REQUEST_TIMEOUT_S,

@@ -146,11 +146,11 @@ def models_info(names: set[str]) -> dict[str, dict]:
             continue
         m = resolve(ref)
         side = read_sidecar(m.path)
-        note = f"requantized from {side.get('derived_from', m.derive_from)} (never better than its source)" \
-            if m.requantized else ""
+        source = side.get("derived_from", m.derive_from) if m.requantized else None
+        note = f"requantized from {source} (never better than its source)" if source else ""
         out[n] = {"quant": m.quant or side.get("info", {}).get("quant", ""), "bytes": m.path.stat().st_size,
                   "sha256": side.get("sha256") or m.sha256 or current_sha(m.path), "note": note,
-                  "arch": arch.read(m.path)}
+                  "arch": arch.read(m.path)} | ({"derived_from": source} if source else {})
     return out
 
 

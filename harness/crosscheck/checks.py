@@ -12,10 +12,12 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.analysis.predict import ALL
 from harness.analysis.verdict import SPECULATE
 from harness.errors import HarnessError
 
 ONLY = ("all", "speculate")
+POOLED_MIN = 5  # prompts behind a bottom line's llama-server figure, spread over the categories
 
 
 @dataclass
@@ -61,8 +63,12 @@ def run_prompts(plan: dict, category: str, per_category: int = 0) -> list:
                                "run's own prompts (run it where the run ran, or restore the files)")
         if digests.get(i) and p.digest != digests[i]:
             raise HarnessError(f"prompt '{i}' changed since the run: crosscheck needs the run's own prompts")
-        if p.category == category:
+        if p.category == category or category == ALL:
             out.append(p)
+    if category == ALL:  # the bottom line's: the first prompts of each category, POOLED_MIN of them at least
+        cats = list(dict.fromkeys(p.category for p in out))
+        k = -(-POOLED_MIN // len(cats)) if cats else 0
+        return [p for c in cats for p in [q for q in out if q.category == c][:k]]
     return out[:per_category] if per_category else out
 
 
@@ -89,7 +95,7 @@ def harness_figures(data: dict[str, pl.DataFrame], a: dict, inst) -> dict:
     out = {"speedup": a["speedup"], "lo": a["lo"], "hi": a["hi"], "acceptance": None, "acceptance_lo": None,
            "acceptance_hi": None}
     timed = a["source"].startswith("timed")  # "timed on N prompt(s)", or "predicted from every prompt"
-    rows = data.get("sweep" if timed else "replay")
+    rows = data.get("sweep" if timed else "replay_pooled" if a["category"] == ALL else "replay")
     if rows is None or not len(rows):
         return out
     if timed:
@@ -124,7 +130,7 @@ def checks(run_dir: Path, only: str = "all", per_category: int = 0) -> tuple[lis
         raise HarnessError(f"--only {only}: give one of {', '.join(ONLY)}")
     plan = read_plan(run_dir)
     data = compute(run_dir)
-    found = answers(data, plan)
+    found = answers(data, plan, pooled=True) + answers(data, plan)  # the bottom lines first
     if not found:
         raise HarnessError(f"{run_dir} has no verdicts yet (no finished speculative configuration): nothing to "
                            "crosscheck")

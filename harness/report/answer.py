@@ -3,14 +3,17 @@
 "speculate" the command that gives it in llama.cpp."""
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 
 import polars as pl
 
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SETTLED, SPECULATE
 from harness.models.arch import implications, words
+from harness.report.bottomline import MIN_INTERVAL, per_prompt, plain_pace
 from harness.report.fmt import beside, ci
-from harness.report.llamaserver import UNMEASURED
+from harness.report.howto import howto, rule_differs
+from harness.report.llamaserver import UNMEASURED, spec_flags
 from harness.report.replayed import best_fixed, confirmation
 from harness.report.verdicts import GROUP, LEVEL_REPLAY
 from harness.specs import parse_draft
@@ -18,23 +21,26 @@ from harness.specs import parse_draft
 VARY = ("target", "ngl", "threads", "setup")
 
 
-def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
+def answers(data: dict[str, pl.DataFrame], plan: dict, pooled: bool = False) -> list[dict]:
     """One dict per group: where (target, ngl, threads, setup, category, policy), the verdict, the configuration
     it names and its figures, what it rests on (predicted from every prompt, or timed) with its timed check and,
     for speculate, how to run it in llama.cpp (report.howto) with, where llama.cpp's rule differs from the one
     measured, the figure of llama.cpp's rule beside. A prediction its own timed run contradicts is no answer:
-    the group's timed verdict decides where it settled, else the group is inconclusive."""
+    the group's timed verdict decides where it settled, else the group is inconclusive. pooled: the answers over
+    every category at once (category "all", the bottom line's), where the run has a replay; else none."""
     from harness.instance import Instance
     by_id = {i.id: i for i in (Instance.from_dict(d) for d in plan.get("instances", []))}
     n_ctx = plan.get("params", {}).get("n_ctx", 2048)
     v, sweep = data.get("verdicts"), data.get("sweep")
-    replay = data.get("replay_verdicts")
+    replay = data.get("pooled_verdicts" if pooled else "replay_verdicts")
+    if pooled and (replay is None or not len(replay)):
+        return []
     if replay is not None and len(replay):
         timed = {} if v is None or not len(v) else {tuple(r[k] for k in GROUP): r for r in v.iter_rows(named=True)}
         out = []
         server = data.get("llama_server")
         for r in replay.iter_rows(named=True):
-            a, ran = _predicted(r, data["replay"], by_id, n_ctx)
+            a, ran = _predicted(r, data["replay_pooled" if pooled else "replay"], by_id, n_ctx)
             check = confirmation(r | ran)  # of the configuration its commands run
             if not check.startswith("CONTRADICTED"):
                 out.append(a | {"check": check})
@@ -48,25 +54,32 @@ def answers(data: dict[str, pl.DataFrame], plan: dict) -> list[dict]:
             else:
                 out.append(_answer(r | {"verdict": INCONCLUSIVE, "further": None}, "", None,
                                    "predicted from every prompt", n_ctx, pl.DataFrame()) | {"check": said})
-        return [_in_server(a, server) for a in out]
+        if pooled:  # per target (in the plan's order), greedy first
+            first = list(dict.fromkeys(a["target"] for a in out))
+            out.sort(key=lambda a: (first.index(a["target"]), a["policy"] != "greedy"))
+        return [_in_server(a, server, n_ctx) | {"plain_tokens_per_s": plain_pace(sweep, a)} for a in out]
     if v is None or not len(v):
         return []
-    return [_in_server(_timed(r, by_id, n_ctx, sweep) | {"check": ""}, data.get("llama_server"))
-            for r in v.iter_rows(named=True)]
+    return [_in_server(_timed(r, by_id, n_ctx, sweep) | {"check": ""}, data.get("llama_server"), n_ctx)
+            | {"plain_tokens_per_s": plain_pace(sweep, r)} for r in v.iter_rows(named=True)]
 
 
 SERVER_KEYS = ("server_flags", "server_speedup", "server_lo", "server_hi", "server_acceptance", "server_reading",
-               "server_holds", "server_prompts", "server_same", "server_compared", "server_skip")
+               "server_holds", "server_prompts", "server_same", "server_compared", "server_skip", "server_plain_tps",
+               "server_ratios", "server_tool", "server_binary")
 
 
-def _in_server(a: dict, server: pl.DataFrame | None) -> dict:
+def _in_server(a: dict, server: pl.DataFrame | None, n_ctx: int) -> dict:
     """The answer with its configuration's figures as measured in llama-server (crosscheck.json's row of the same
     configuration and category), None each where it was not."""
     inst = a.get("instance")
     rows = server.filter((pl.col("config") == inst.id) & (pl.col("category") == a["category"])) \
         if server is not None and inst is not None else None
     x = rows.row(0, named=True) if rows is not None and len(rows) else {}
-    return a | {k: x.get(k) for k in SERVER_KEYS}
+    out = a | {k: x.get(k) for k in SERVER_KEYS}
+    if x and inst is not None:  # its flags as the report's commands give them: model paths as the user gave them
+        out["server_flags"] = spec_flags(shlex.split(howto(inst, n_ctx).server))
+    return out
 
 
 def _predicted(r: dict, pred: pl.DataFrame, by_id: dict, n_ctx: int) -> tuple[dict, dict]:
@@ -81,7 +94,7 @@ def _predicted(r: dict, pred: pl.DataFrame, by_id: dict, n_ctx: int) -> tuple[di
         note = (f"llama.cpp has no adaptive draft length: the commands run the best fixed gamma, {gamma} "
                 f"({ci(x['speedup'], x['speedup_lo'], x['speedup_hi'], unit='x')} predicted).")
         ran = {"timed": x.get("timed_speedup"), "timed_lo": x.get("timed_speedup_lo"),
-               "timed_hi": x.get("timed_speedup_hi")}
+               "timed_hi": x.get("timed_speedup_hi"), "timed_prompts": x.get("timed_prompts")}
     inst = None if base is None else replace(base, draft=parse_draft(r["draft"]), gamma=gamma, adaptive=adaptive,
                                              verify=r["verify"] or "leviathan")
     same = group & (pl.col("gamma") == gamma) & (pl.col("adaptive") == adaptive) & (pl.col("verify") == "exact")
@@ -101,9 +114,9 @@ def _timed(r: dict, by_id: dict, n_ctx: int, sweep: pl.DataFrame | None) -> dict
 
 
 def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFrame, note: str = "") -> dict:
-    from harness.report.howto import howto, rule_differs
     a = {k: r.get(k) for k in (*VARY, "category", "policy", "verdict", "speedup", "lo", "hi", "at_most", "further",
-                               "min_gain", "why", "levelled")} | {"configuration": name, "source": source}
+                               "min_gain", "why", "levelled", "prompts", "accepted_len")} \
+        | {"configuration": name, "source": source}
     how = howto(inst, n_ctx) if inst is not None and r["verdict"] == SPECULATE else None
     a |= {"server": how and how.server, "speculative_simple": how and how.speculative_simple,
           "python": how and how.python, "note": " ".join(x for x in (note, how.note) if x) if how else ""}
@@ -155,7 +168,8 @@ def rests_on(a: dict) -> str:
     return f"{a['source']}" + (f"; timed check: {check}" if check else "")
 
 
-def section(rows: list[dict], models: dict | None = None, server: str = "") -> list[str]:
+def section(rows: list[dict], models: dict | None = None, server: str = "",
+            heading: str = "## The answer") -> list[str]:
     """The first lines of the report: the answer per group (answers), in words, each "speculate" with its
     llama-server command (how_to_run gives the others) and, where it ran there, its figures in llama-server;
     beside it, what each target's architecture (plan.json's `models`, models.arch) means for the answer. server:
@@ -163,7 +177,7 @@ def section(rows: list[dict], models: dict | None = None, server: str = "") -> l
     if not rows:
         return []
     vary = [k for k in VARY if len({r[k] for r in rows}) > 1]
-    lines = ["## The answer", "",
+    lines = [heading, "",
              f"Per category and sampling policy; 95% confidence, at a least gain worth having of "
              f"{rows[0]['min_gain']:.0%} (`--min-gain`). No verdict rests on a busy measurement, nor on a prediction "
              "its own timed run contradicts. The table below gives each verdict's figures.", ""]
@@ -194,12 +208,13 @@ def in_server(a: dict) -> str:
         return ""
     acc = "nothing drafted" if a["server_acceptance"] is None else f"{a['server_acceptance']:.0%} of drafts accepted"
     same = f", {a['server_same']}/{a['server_compared']} outputs equal to plain" if a["server_compared"] else ""
-    holds = a["server_holds"]
-    verdict = "one prompt gives no interval" if a["server_lo"] is None else {
-        "holds": "the verdict holds there", "contradicted": "it contradicts the verdict",
-        "unsettled": "its interval neither holds nor contradicts the verdict"}.get(
-        holds, f"its interval alone says {a['server_reading']}")
-    return (f"In llama-server (`{a['server_flags']}`, {a['server_prompts']} prompt(s)): "
+    if a["server_prompts"] < MIN_INTERVAL:  # an interval of so few prompts says next to nothing
+        return (f"In llama-server (`{a['server_flags']}`): {per_prompt(a.get('server_ratios'))} ({acc}{same}); too "
+                "few prompts for an interval.")
+    verdict = {"holds": "the verdict holds there", "contradicted": "it contradicts the verdict",
+               "unsettled": "its interval neither holds nor contradicts the verdict"}.get(
+        a["server_holds"], f"its interval alone says {a['server_reading']}")
+    return (f"In llama-server (`{a['server_flags']}`, {a['server_prompts']} prompts): "
             f"{ci(a['server_speedup'], a['server_lo'], a['server_hi'], unit='x')}, {acc}{same}; {verdict}.")
 
 
@@ -243,6 +258,7 @@ def _how(a: dict, tools=SERVER + OTHERS) -> list[str]:
 
 
 def answer_frame(data: dict[str, pl.DataFrame], plan: dict) -> pl.DataFrame:
-    """The answers as a table, for --format json/csv/parquet (answer.FMT)."""
-    return pl.DataFrame([{k: v for k, v in a.items() if k != "instance"} for a in answers(data, plan)],
-                        infer_schema_length=None)
+    """The answers as a table, for --format json/csv/parquet (answer.FMT): the bottom lines first (category
+    "all"), then the answer per category."""
+    return pl.DataFrame([{k: v for k, v in a.items() if k != "instance"}
+                         for a in answers(data, plan, pooled=True) + answers(data, plan)], infer_schema_length=None)

@@ -4,8 +4,9 @@ on the very prompts the timed runs used against their timing, the replay's costs
 moved), adaptive gamma against the best fixed gamma, the cost model against every timed row, the batched cost
 model against every concurrent one; how far the machine moves by itself (two timings of the same work, the pace's
 spread between a generation and its twin, the plain baselines' drift, other processes' load); whether greedy
-speculative output is plain decoding's; and every timed row, per category. `harness report` writes it with the
-report, and --check and `harness archive` check it as they check the report."""
+speculative output is plain decoding's; every timed row, per category; and the detail behind the report's
+tables (acceptance and predicted speedup of every proposer and gamma, the timed rows per draft). `harness report`
+writes it with the report, and --check and `harness archive` check it as they check the report."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ import polars as pl
 from harness.analysis.metrics import pace_spread
 from harness.report import concurrency, sections
 from harness.report.fmt import ci, contents, f, table
+from harness.report.replayed import detail as replayed_detail
 from harness.report.replayed import per_target
 from harness.rundir import read_plan
 
@@ -44,6 +46,7 @@ def render_diagnostics(run_dir: Path, data: dict[str, pl.DataFrame], report: Pat
         (_costs(data.get("replay_costs")) + _adaptive(replay) if replayed else []) + \
         cost_model(data) + concurrency.agreement_section(data) + noise(data, plan) + drift(sweep) + \
         equivalence(data.get("equivalence"), data["configs"]) + sections.per_category(sweep) + \
+        replayed_detail(data) + sections.quantization(sweep, data.get("fidelity")) + \
         sections.plots(run_dir, run_dir, CHECK_PLOTS)
     return "\n".join(head + contents(head, body) + body)
 

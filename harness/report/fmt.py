@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 
 from tabulate import tabulate
 
@@ -66,3 +67,22 @@ def contents(before: list[str], lines: list[str], *extra: str) -> list[str]:
         if m.group(1) == "##" and k > len(before):
             items.append(f"- [{m.group(2).strip()}](#{base if n == 0 else f'{base}-{n}'})")
     return ["## Contents", "", *items, *(f"- {x}" for x in extra), ""]
+
+
+WIDTH = 120  # the first screen's line length (code blocks and tables excepted)
+
+
+def wrap(lines: list[str], width: int = WIDTH) -> list[str]:
+    """Markdown prose folded at `width`, a list item's continuation indented under its text; code blocks, tables,
+    headings and images as they are."""
+    out, code = [], False
+    for ln in lines:
+        if ln.startswith("```"):
+            code = not code
+        if code or ln.startswith(("```", "|", "#", "![")) or len(ln) <= width:
+            out.append(ln)
+            continue
+        m = re.match(r"(\s*(?:- )?)", ln)
+        indent = " " * len(m.group(1))
+        out += textwrap.wrap(ln, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return out

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.analysis.serverstats import CONTRADICTED, HOLDS, NOT_CHECKED, UNSETTLED
+from harness.analysis.serverstats import CONTRADICTED, HOLDS, NOT_CHECKED, UNSETTLED, rate, ratios
 from harness.report.fmt import ci, pct_ci, table
 
 JSON, MD = "crosscheck.json", "crosscheck.md"
@@ -116,6 +116,12 @@ def write_md(run_dir: Path, rows: list[dict]) -> Path:
     return path
 
 
+def spec_flags(words: list[str]) -> str:
+    """The --spec-* flags of a llama-server command line (its words), each with its value."""
+    return " ".join(f for i, f in enumerate(words) if f.startswith("--spec-") or
+                    (i and words[i - 1].startswith("--spec-") and not f.startswith("-")))
+
+
 def frame(run_dir: Path):
     """crosscheck.json's rows as the answer reads them, one per configuration and category: where, the config
     id, llama-server's flags of its speculative type (--spec-*), its figures, or why it was not measured. None
@@ -128,11 +134,14 @@ def frame(run_dir: Path):
     for r in rows:
         x = r.get("llama") or {}
         flags = r.get("speculative_command") or []
-        spec = " ".join(f for i, f in enumerate(flags) if f.startswith("--spec-") or
-                        (i and flags[i - 1].startswith("--spec-") and not f.startswith("-")))
+        spec = spec_flags(flags)
         same = x.get("same_output") or [None, None]
+        paces = [v for p in r.get("prompts") or [] if (v := rate(p.get("plain")))]
         out.append({k: r.get(k) for k in (*VARY, "category", "policy", "config")}
                    | {"server_flags": spec, "server_speedup": x.get("speedup"), "server_lo": x.get("lo"),
+                      "server_plain_tps": sum(paces) / len(paces) * 1000 if paces else None,
+                      "server_ratios": ratios(r.get("prompts") or []), "server_tool": tool(r),
+                      "server_binary": r.get("binary"),
                       "server_hi": x.get("hi"), "server_acceptance": x.get("acceptance"),
                       "server_reading": x.get("reading"), "server_holds": x.get("holds"),
                       "server_prompts": x.get("prompts"), "server_same": same[0], "server_compared": same[1],

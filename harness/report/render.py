@@ -10,9 +10,9 @@ from pathlib import Path
 import polars as pl
 
 from harness.models.arch import words
-from harness.report import answer, concurrency, llamaserver, replayed, sections
+from harness.report import answer, bottomline, concurrency, llamaserver, replayed, sections
 from harness.report.diagnostics import DIAGNOSTICS
-from harness.report.fmt import contents, mib, table
+from harness.report.fmt import contents, mib, table, wrap
 from harness.rundir import read_plan
 
 VERDICT_PLOT = "verdicts.png"
@@ -23,22 +23,34 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
     plan = read_plan(run_dir)
     rel = Path(os.path.relpath(run_dir.resolve(), md_dir.resolve()))
     sweep = data.get("sweep")
-    first = ["# Should I use speculative decoding here?", "", _summary(plan), ""]
+    first = ["# Should I use speculative decoding here?", "", *wrap([_summary(plan)]), ""]
     if sweep is None or not len(sweep):
         first += ["No configuration finished.", ""]
         body = _machine(plan, rel)
     else:
-        # the answer in words, its plot, and its table: with a replay, the verdicts predicted from every prompt
-        # (the timed ones check them, in the diagnostics), else the timed ones
+        # the bottom line per target (over every prompt at once), the targets side by side, what it rests on and
+        # its plot; then the answer per category in words, and its table: with a replay, the verdicts predicted
+        # from every prompt (the timed ones check them, in the diagnostics), else the timed ones. A run without
+        # a replay has no bottom line: its answer per category comes first.
         rows = answer.answers(data, plan)
+        bottom = answer.answers(data, plan, pooled=True)
+        models = plan.get("models", {})
         memory, memory_detail = sections.memory(sweep)
-        first += answer.section(rows, plan.get("models", {}), _server_line(run_dir, plan, rel)) + \
-            _verdict_plot(run_dir, rel) + (
-            replayed.verdict_table(data) or sections.timed_verdicts(data.get("verdicts"))) + \
+        said = answer.section(rows, models, _server_line(run_dir, plan, rel),
+                              "## The answer per category" if bottom else "## The answer")
+        tables = (replayed.verdict_table(data) or sections.timed_verdicts(data.get("verdicts"))) + \
             llamaserver.pooled_section(data.get("server_pooled")) + memory
-        body = answer.how_to_run(rows) + _how_verdicts(data, plan) + replayed.sections(data, plan) + \
+        if bottom:
+            first += wrap(bottomline.section(bottom, rows, models, bottomline.commands)
+                          + bottomline.quantization(bottom, models, sweep)
+                          + bottomline.evidence(plan, sweep, bottom)) + _verdict_plot(run_dir, rel)
+            per_category = said + tables
+        else:
+            first += said + _verdict_plot(run_dir, rel) + tables
+            per_category = []
+        body = per_category + answer.how_to_run(rows) + _how_verdicts(data, plan) + replayed.sections(data, plan) + \
             sections.until_confident(plan, data.get("verdicts")) + concurrency.section(data, run_dir, rel) + \
-            _machine(plan, rel) + sections.quantization(sweep, data.get("fidelity")) + memory_detail + \
+            _machine(plan, rel) + memory_detail + \
             sections.plots(run_dir, md_dir)
     body += _failures(data) + _how_to_read()
     checks = (f"[Diagnostics]({(rel / DIAGNOSTICS).as_posix()}): the harness's checks of itself (its predictions "
@@ -68,11 +80,17 @@ def _summary(plan: dict) -> str:
     sweeps = [p, *p.get("also", [])]  # a further sweep's lists replace the main one's, the rest inherited
     models = plan.get("models", {})
     names = list(dict.fromkeys(t for q in sweeps for t in q.get("target", p.get("target", []))))
-    targets = ", ".join(t + (f" ({words(models[t]['arch'])})" if models.get(t, {}).get("arch") else "")
-                        for t in names)
-    drafts = ", ".join(dict.fromkeys(d for q in sweeps for d in q.get("draft", p.get("draft", [])) if d != "none"))
-    return (f"Target{'s' * (len(names) > 1)} {targets}; drafts {drafts or 'none'}; "
-            f"gamma {', '.join(map(str, p.get('gamma', [])))}; "
+    arch = {words(m["arch"]) for t in names if (m := models.get(t, {})).get("arch")}
+    # one architecture for all is said once; the answer per category says what each means
+    targets = ", ".join(names) + (f" ({arch.pop()})" if len(arch) == 1 else "") if len(arch) <= 1 else \
+        ", ".join(t + (f" ({words(models[t]['arch'])})" if models.get(t, {}).get("arch") else "") for t in names)
+    drafts = list(dict.fromkeys(d for q in sweeps for d in q.get("draft", p.get("draft", [])) if d != "none"))
+    gammas = sorted({int(g) for g in p.get("gamma", [])})
+    gamma = f"{gammas[0]}-{gammas[-1]}" if len(gammas) > 2 and gammas == list(range(gammas[0], gammas[-1] + 1)) \
+        else ", ".join(map(str, gammas))
+    # a long list of drafts is counted here; "Machine and run" and the tables name them
+    said = f"drafts {', '.join(drafts) or 'none'}" if len(drafts) < 4 else f"{len(drafts)} drafts"
+    return (f"Target{'s' * (len(names) > 1)} {targets}; {said}; gamma {gamma}; "
             f"{s.get('cpu', 'unknown CPU')}, {s.get('cores_physical')} cores, {s.get('backend', '')}; "
             f"{s.get('date', '')}.")
 
@@ -80,8 +98,7 @@ def _summary(plan: dict) -> str:
 def _verdict_plot(run_dir: Path, rel: Path) -> list[str]:
     if not (run_dir / "plots" / VERDICT_PLOT).exists():
         return []
-    return [f"![Best speedup per category with its 95% interval (predicted from every prompt where the run has a "
-            f"replay)]({(rel / 'plots' / VERDICT_PLOT).as_posix()})", ""]
+    return [f"![Best speedup and its 95% interval]({(rel / 'plots' / VERDICT_PLOT).as_posix()})", ""]
 
 
 def _machine(plan: dict, rel: Path) -> list[str]:

@@ -23,6 +23,7 @@ SHOWN_GAMMAS = (1, 2, 4, 8)
 # wrong. Over the 216 predicted groups of the 15 committed replayed runs the most was 1.22x (run 20261201-155230-vm);
 # the busy baseline of the trust issue gave 2.7x and 1.5x (docs/methodology.md#verdicts-you-can-trust).
 BOUND_SLACK = 0.25
+MIN_CONFIRM = 3  # a timed check of fewer prompts is consistent at best: one prompt's luck is no confirmation
 
 
 def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN, group: list[str] = GROUP) -> pl.DataFrame:
@@ -48,6 +49,8 @@ def predicted_verdicts(r: pl.DataFrame, min_gain: float = MIN_GAIN, group: list[
                                              "draft": x["draft"], "verify": x["verify"], "base": x.get("base"),
                                              "timed": x.get("timed_speedup"), "timed_lo": x.get("timed_speedup_lo"),
                                              "timed_hi": x.get("timed_speedup_hi"),
+                                             "timed_prompts": x.get("timed_prompts"),
+                                             "accepted_len": x.get("mean_accepted_len"),
                                              "levelled": g["levelled"][0] if "levelled" in g.columns else None})
     return pl.DataFrame(rows, infer_schema_length=None)
 
@@ -88,14 +91,17 @@ def confirmation(r: dict) -> str:
         return "not timed"
     if r["timed_lo"] is None:
         return f"timed {r['timed']:.2f}x (one prompt)"
-    timed = ci(r["timed"], r["timed_lo"], r["timed_hi"], unit="x")
+    n = r.get("timed_prompts")
+    few = n is not None and n < MIN_CONFIRM  # shown without an interval, and never "confirmed"
+    timed = f"{r['timed']:.2f}x on {n} prompt{'s' * (n > 1)}" if few else ci(r["timed"], r["timed_lo"], r["timed_hi"],
+                                                                             unit="x")
     if r["verdict"] not in (PLAIN, NO_GAIN, SPECULATE):  # nothing settled to confirm: do the two intervals meet
         agrees = r["timed_lo"] <= r["hi"] and r["lo"] <= r["timed_hi"]
         return ("consistent: " if agrees else "NOT consistent: ") + timed
     bar = 1 if r["verdict"] == PLAIN else 1 + (r.get("min_gain") or 0)
     below, above = r["timed_hi"] < bar, r["timed_lo"] > bar
     right, wrong = (above, below) if r["verdict"] == SPECULATE else (below, above)
-    return ("confirmed: " if right else "CONTRADICTED: " if wrong else "consistent: ") + timed
+    return ("confirmed: " if right and not few else "CONTRADICTED: " if wrong else "consistent: ") + timed
 
 
 def settle(r: dict) -> str:
@@ -171,15 +177,24 @@ def verdict_rules(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
 
 
 def sections(data: dict[str, pl.DataFrame], plan: dict) -> list[str]:
-    """The replay's detail a user reads: acceptance, predicted speedup, the two verification rules (its costs,
-    adaptive gamma and its agreement with the timed runs are in the diagnostics)."""
+    """The replay's part of the report: the two verification rules side by side (acceptance and the predicted
+    speedup of every proposer and gamma are the diagnostics' detail, as are its costs, adaptive gamma and its
+    agreement with the timed runs)."""
     r = data.get("replay")
     if r is None or not len(r):
         if plan.get("params", {}).get("replay"):
             return ["## Replay", "", "The replay did not finish (see the configurations that did not finish).", ""]
         return []
+    return _rules(r.filter(~pl.col("adaptive")))
+
+
+def detail(data: dict[str, pl.DataFrame]) -> list[str]:
+    """Acceptance and the predicted speedup of every proposer and gamma (the diagnostics')."""
+    r = data.get("replay")
+    if r is None or not len(r):
+        return []
     fixed = r.filter(~pl.col("adaptive"))
-    return _acceptance(fixed) + _speedup(fixed) + _rules(fixed)
+    return _acceptance(fixed) + _speedup(fixed)
 
 
 def _acceptance(r: pl.DataFrame) -> list[str]:

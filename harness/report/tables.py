@@ -233,7 +233,7 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
     where the sweep ran them; "replay_costs": the decode costs the predictions used. Empty without a replay.
     own_costs: each timed configuration's decode costs, measured in its worker (calibrate.unit_costs). noise: per
     configuration, whether it ran busy (noise_frame): a busy baseline levels nothing (replay_levels)."""
-    from harness.analysis.predict import plain_decode_ms, predictions
+    from harness.analysis.predict import ALL, plain_decode_ms, predictions
     d = run_dir / REPLAY_DIR
     units = ok_units(d) if d.is_dir() else set()
     if not units:
@@ -243,7 +243,7 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
     levels = replay_levels(bases, noise, noise_records(run_dir))
     clean = [b for b in bases if levels[b] == LEVEL_BASELINE]
     plain = plain_decode_ms(gens.filter(pl.col("config").is_in(clean)))  # ms per decode of the clean baselines
-    rows = predictions(records, plain, plan.get("params", {}).get("replay_gamma", 8))
+    rows = predictions(records, plain, plan.get("params", {}).get("replay_gamma", 8), pooled=True)
     if not rows:
         return {}
     from harness.calibrate import moved
@@ -260,7 +260,9 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
                                                   "acceptance_rate", "mean_accepted_len", "prompts")])
     pred = pred.join(timed, on=["base", "category", "proposer", "gamma", "adaptive"], how="left").join(
         cfg.select(pl.col("config").alias("base"), "target", "ngl", "threads", "setup"), on="base", how="left")
-    out = {"replay": pred, "replay_costs": costs.join(cfg.select("config", "target"), on="config", how="left")}
+    pooled, pred = pred.filter(pl.col("category") == ALL), pred.filter(pl.col("category") != ALL)
+    out = {"replay": pred, "replay_costs": costs.join(cfg.select("config", "target"), on="config", how="left"),
+           "replay_pooled": pooled}
     # the replay again on the very prompts the timed runs used: what their measurements check, like for like
     same = replay_same(records, gens, p_gens, base_of, dict(zip(cfg["config"], cfg["draft"])), plain,
                        plan.get("params", {}).get("replay_gamma", 8), own_costs)
@@ -269,7 +271,9 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
         out["replay_same"] = same.join(timed, on=keys, how="inner").join(
             cfg.select(pl.col("config").alias("base"), "target"), on="base", how="left")
     from harness.report.replayed import predicted_verdicts
-    return out | {"replay_verdicts": predicted_verdicts(pred, plan.get("params", {}).get("min_gain", verdict.MIN_GAIN))}
+    min_gain = plan.get("params", {}).get("min_gain", verdict.MIN_GAIN)
+    return out | {"replay_verdicts": predicted_verdicts(pred, min_gain),
+                  "pooled_verdicts": predicted_verdicts(pooled, min_gain) if len(pooled) else pl.DataFrame()}
 
 
 def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, base_of: dict[str, str],
