@@ -115,7 +115,7 @@ def _timed(r: dict, by_id: dict, n_ctx: int, sweep: pl.DataFrame | None) -> dict
 
 def _answer(r: dict, name: str, inst, source: str, n_ctx: int, exact: pl.DataFrame, note: str = "") -> dict:
     a = {k: r.get(k) for k in (*VARY, "category", "policy", "verdict", "speedup", "lo", "hi", "at_most", "further",
-                               "min_gain", "why", "levelled", "prompts", "accepted_len")} \
+                               "min_gain", "why", "levelled", "prompts", "accepted_len", "adjusted")} \
         | {"configuration": name, "source": source}
     how = howto(inst, n_ctx) if inst is not None and r["verdict"] == SPECULATE else None
     a |= {"server": how and how.server, "speculative_simple": how and how.speculative_simple,
@@ -142,7 +142,8 @@ def _sentence(a: dict) -> str:
     gain = f"{a['min_gain']:.0%}"
     v = a["verdict"]
     if v == SPECULATE:
-        return (f"{where}: **speculate**: {a['configuration']}, {ci(a['speedup'], a['lo'], a['hi'], unit='x')} "
+        return (f"{where}: **speculate**: {a['configuration']}, {ci(a['speedup'], a['lo'], a['hi'], unit='x')}"
+                f"{'*' * bool(a.get('adjusted'))} "
                 f"(at least {a['lo']:.2f}x: a gain over {gain}; {rests_on(a)})")
     if v == NO_GAIN:
         return (f"{where}: **no gain worth having** (best {a['speedup']:.2f}x, {a['configuration']}; at most "

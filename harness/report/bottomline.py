@@ -53,7 +53,7 @@ def engine_figure(a: dict) -> dict:
         return {"engine": "llama-server", "speedup": a["server_speedup"], "lo": a["server_lo"], "hi": a["server_hi"],
                 "verdict": v, "plain": a.get("server_plain_tps"), "prompts": n}
     return {"engine": "harness", "speedup": a["speedup"], "lo": a["lo"], "hi": a["hi"], "verdict": a["verdict"],
-            "plain": a.get("plain_tokens_per_s"), "prompts": a.get("prompts")}
+            "plain": a.get("plain_tokens_per_s"), "prompts": a.get("prompts"), "adjusted": a.get("adjusted")}
 
 
 def further(a: dict) -> str:
@@ -79,7 +79,7 @@ def sentence(a: dict) -> str:
     beside it, labelled."""
     e = engine_figure(a)
     in_server = " in llama-server" if e["engine"] == "llama-server" else ""
-    gain = ci(e["speedup"], e["lo"], e["hi"], unit="x")
+    gain = ci(e["speedup"], e["lo"], e["hi"], unit="x") + "*" * bool(e.get("adjusted"))
     rest = f"{e['prompts']} prompt{'s' * (e['prompts'] != 1)}" if e["prompts"] else ""
     if e["verdict"] == SPECULATE:
         line = f"**speculate** with {a['configuration']}: {_pace(e['plain'], e['speedup'])}{in_server}, {gain}"
@@ -211,7 +211,7 @@ def quantization(bottom: list[dict], models: dict, sweep: pl.DataFrame | None) -
                      gib(m.get("bytes")), gib(peak(sweep, b, None)),
                      f"{plain:.1f}" if plain else "", short(b["configuration"] or "none", b["target"]),
                      f"{spec:.1f}" if spec else "", ci(e["speedup"], e["lo"], e["hi"], unit="x") +
-                     ("" if e["engine"] == "harness" else " (server)")])
+                     "*" * bool(e.get("adjusted")) + ("" if e["engine"] == "harness" else " (server)")])
         use = best_pace(b)
         if use and (b["policy"] not in best or use > best[b["policy"]][0]):
             best[b["policy"]] = (use, b)
@@ -286,4 +286,6 @@ def evidence(plan: dict, sweep: pl.DataFrame | None, bottom: list[dict]) -> list
         + ([f"**one policy** for {', '.join(one)}"] if one else [])
     if warn:
         out.append(f"Mind the {' and '.join(warn)}: longer or sampled outputs may differ.")
+    if any(engine_figure(b).get("adjusted") for b in bottom):
+        out.append("*: the interval widened for having picked the best of the configurations tried.")
     return out + [""]
