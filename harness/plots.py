@@ -28,7 +28,7 @@ def save(fig, path: Path) -> Path:
     fig.tight_layout()
     try:
         with naming(path):  # a full disk names the PNG (cli.main makes it one line)
-            fig.savefig(path, dpi=90)
+            fig.savefig(path, dpi=90, bbox_inches="tight")  # long tick labels kept whole
     finally:
         _plt().close(fig)
     return path
@@ -101,11 +101,12 @@ def verdicts(v: pl.DataFrame | None, out: Path) -> Path | None:
     # every row names its target, by what sets it apart from the others (its quantization, for one model's)
     names = v["target"].unique(maintain_order=True).to_list() if "target" in v.columns else []
     cut = len(os.path.commonprefix(names)) if len(names) > 1 else None
-    labels = [(f"{r['target'][cut:]}: " if cut is not None else "") + f"{r['category']} ({r['policy']})"
+    labels = [(f"{r['target'][cut:]}: " if cut is not None else "")
+              + f"{'every prompt' if r['category'] == 'all' else r['category']} ({r['policy']})"
               for r in v.iter_rows(named=True)]
     colour = {"speculate": "tab:green", "plain decoding": "tab:red", "no gain worth having": "tab:blue",
               "inconclusive": "tab:grey"}
-    fig, ax = plt.subplots(figsize=(6.5, 0.35 * len(v) + 1.2))
+    fig, ax = plt.subplots(figsize=(7.5, 0.3 * len(v) + 1.4))
     for i, r in enumerate(v.iter_rows(named=True)):
         c = colour.get(r["verdict"], "tab:orange")
         if r["lo"] is not None:
@@ -115,7 +116,7 @@ def verdicts(v: pl.DataFrame | None, out: Path) -> Path | None:
     ax.set_yticks(range(len(v)))
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("speedup over plain decoding (best configuration, 95% interval)")
-    ax.set_title("green: speculate, red: plain decoding, blue: no gain worth having, grey: inconclusive, "
-                 "orange: no verdict", fontsize=7)
+    ax.set_xlabel("speedup over plain decoding (the answer's configuration, 95% interval)", fontsize=8)
+    ax.set_title("green: speculate, red: plain decoding, blue: no gain worth having,\ngrey: inconclusive, "
+                 "orange: no verdict", fontsize=8)
     return save(fig, out / "verdicts.png")
