@@ -241,6 +241,8 @@ def commands(b: dict) -> list[str]:
         home = str(Path.home())
         where = b["server_binary"].replace(home, "~", 1) if b["server_binary"].startswith(home) else b["server_binary"]
         out.append(f"The llama-server measured: `{where}` (`make native`'s build), {b.get('server_tool') or ''}.")
+    else:
+        out.append("Not measured in llama-server; `make native` builds it under `~/.cache/harness/native/`.")
     inst = b.get("instance")
     if inst is not None and inst.draft.model and not inst.draft.server_only:
         out.append(f"In LM Studio (the same llama.cpp): Speculative Decoding, Draft Model {inst.draft.model}, "
