@@ -196,6 +196,27 @@ def test_timed_subset_is_gamma_one_and_the_predicted_best_gamma_on_each_category
     assert ledger.load_ms == pytest.approx(3 * (WORKER_S + 2 * MODEL_S) * 1000)
 
 
+def test_a_timed_subset_of_the_answers_prices_one_configuration_per_baseline():
+    """timed_scope answers: each answer's configuration alone, priced as the draft model's (the likeliest and
+    dearest answer: before the lookup and llama.cpp's types) at its predicted best gamma on both categories'
+    first prompts, and at two above on one category's; no gamma-1 check, no unit per proposer."""
+    insts = [BASE] + [Instance(T, NGram(3), 1, GREEDY, 0, 0, 2)] + [replace(SPEC, gamma=g) for g in (1, 2, 4)] + \
+        [Instance(T, LlamaNgram.make("ngram-mod", n_max=16), 16, GREEDY, 0, 0, 2)]
+    ps = prompts(10)
+    p = replace(PARAMS, timed_subset=1, timed_scope="answers")
+    fig = figures(ps)
+    fig.probes[(T, 2, 0)] = Probe(5.0, 0.0, 100.0, 0.0, 5.0)  # gamma 2 predicted best, as above
+    ledger = Ledger(cached=False)
+    by_hand = sum(unit_ms(replace(SPEC, gamma=g), 0, on, p, None, fig, ledger) for g, on in
+                  ((2, [ps[0], ps[10]]), (4, [ps[0]])))
+    assert subset_ms(insts, ps, p, None, fig, Ledger(cached=False)) == pytest.approx(by_hand)
+    assert subset_ms(insts, ps, replace(p, timed_scope="proposers"), None, fig, Ledger(cached=False)) > 2 * by_hand
+    # without a draft model, the lookup's; without either, llama.cpp's type's
+    assert subset_ms([BASE, insts[1], insts[-1]], ps, p, None, fig, Ledger(cached=False)) > 0
+    assert subset_ms([BASE, insts[-1]], ps, p, None, fig, Ledger(cached=False)) == \
+        pytest.approx(unit_ms(insts[-1], 0, [ps[0], ps[10]], p, None, fig, Ledger(cached=False)))
+
+
 def test_the_timed_subset_times_one_of_llamas_ngram_types_per_baseline_and_policy():
     """bench.subset.choose times the best predicted of a group's n-gram types alone, at its own gamma: sized two
     ways, one unit on each category's first prompt."""

@@ -215,7 +215,7 @@ def _timed_subset(instances: list[Instance], skipped: dict, first: list, params:
     """The configurations the replay's predictions chose (bench.subset), timed on each category's first prompts."""
     from harness.bench.subset import choose
     plan["timed"], plan["timed_in_sample"] = choose(run_dir, [i for i in instances if i.id not in skipped], first,
-                                                    params.timed_subset)
+                                                    params.timed_subset, params.timed_scope)
     write_plan(run_dir, plan)
     click.echo(f"timed subset from the replay: {len(plan['timed'])} configuration(s)", err=True)
     units = [(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]]
