@@ -300,7 +300,8 @@ def test_until_confident_stops_when_the_budget_is_spent(tmp_path, smol):
     assert "- budget 0.01 min (fitted to 85% of it): estimated " in md and "nothing can be cut: running anyway" in md
     # what it took, per part and in all, beside the estimate's parts
     took, parts = plan["took_s"], plan["budget"]["parts_s"]
-    assert took["total"] >= took["units"] + took["rounds"] > 0 and "units" in parts
+    assert took["total"] >= took["evidence"] + took["units"] + took["rounds"] > 0 and "evidence" in parts
+    assert took["evidence"] > 0 and set(plan["budget"]["evidence_s"]) == {"prompt evaluation", "generation"}
     assert f"took {took['total'] / 60:.1f} min before its report" in md
 
 

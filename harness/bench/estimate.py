@@ -34,6 +34,7 @@ class Ledger:
 
     def __init__(self, cached: bool):
         self.cached, self.paid, self.load_ms = cached, set(), 0.0
+        self.prompt_ms = 0.0  # the prompts' evaluation counted so far
 
     def load(self, *models: Probe) -> None:
         """A worker started and these models loaded."""
@@ -51,6 +52,7 @@ class Ledger:
                 n = int((model, cfg, p.id) not in self.paid)
                 self.paid.add((model, cfg, p.id))
             total += n * pr.prompt(fig.tokens(target, p))
+        self.prompt_ms += total
         return total
 
 
@@ -326,15 +328,17 @@ def server_check_ms(instances: list[Instance], prompts: list, params: Params, fi
 
 def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict,
                     prompts: list, params: Params, run_dir: Path | None, plan: dict, fig: Figures) -> dict[str, float]:
-    """Seconds for what is left of a run, by part, in the order the run goes: the units to run
-    (configuration, round, prompts), the replay of the baselines not yet replayed, the timed subset if the
-    replay has not chosen it yet, the fidelity of several targets, the closing baselines (drift check) of a run
-    without one; the worker starts and model loads of all of them; the reports. run_dir None: a run not started
-    yet. A resumed run's prompts are costed as not yet cached."""
+    """Seconds for what is left of a run, by part, in the order the run goes: the units to run (configuration,
+    round, prompts), the plain baselines' first ("evidence": the plain generation of the run's prompts, which
+    everything else is replayed along, checked against or priced by) and the others'; the replay of the baselines
+    not yet replayed, the timed subset if the replay has not chosen it yet, the fidelity of several targets, the
+    closing baselines (drift check) of a run without one; the worker starts and model loads of all of them; the
+    reports. run_dir None: a run not started yet. A resumed run's prompts are costed as not yet cached."""
     from harness.bench.replay import proposers
     from harness.rundir import DRIFT_DIR, FIDELITY_FILE, REPLAY_DIR, finished
     ledger = Ledger(params.prompt_cache)
-    parts = {"units": sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo)}
+    parts = {name: sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo if i.baseline == base)
+             for name, base in (("evidence", True), ("units", False))}
     live = [i for i in instances if i.id not in skipped]
     if params.replay:
         done = finished(run_dir / REPLAY_DIR) if run_dir else {}
@@ -353,6 +357,15 @@ def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Inst
         parts["llama-server check"] = server_check_ms(live, prompts, params, fig)
     return {k: v / 1000 for k, v in parts.items()} | {"worker starts and model loads": ledger.load_ms / 1000,
                                                       "reports": REPORT_S}
+
+
+def evidence_parts(todo: list[tuple[Instance, int, list]], params: Params, run_dir: Path | None,
+                   fig: Figures) -> dict[str, float]:
+    """remaining_parts' evidence in seconds, split: its prompts' evaluation (which with long prompts on a CPU may
+    be most of it) and the generation of its tokens."""
+    ledger = Ledger(params.prompt_cache)
+    ms = sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo if i.baseline)
+    return {"prompt evaluation": ledger.prompt_ms / 1000, "generation": (ms - ledger.prompt_ms) / 1000}
 
 
 def remaining_s(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict, prompts: list,
