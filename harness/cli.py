@@ -189,6 +189,7 @@ def drafts(target, paths, as_json):
                    "prompt evaluation that dominates a long prompt's run; latency is then not measured).")
 @click.option("--timed-subset", type=int, help="With --replay: time only each proposer's predicted best gamma and "
                                               "gamma 1 per category, on its first N prompts.")
+@click.option("--timed-scope", help="--timed-subset times proposers (default) or answers (each one's configuration).")
 @click.option("--until-confident", is_flag=True, default=None,
               help="Add prompts to categories whose verdict is inconclusive, one per round, until all settle.")
 @click.option("--budget-min", type=float, help="The whole run's time budget in minutes: a run estimated over it is "

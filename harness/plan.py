@@ -24,7 +24,10 @@ LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl
              "flash_attn", "ubatch", "parallel", "kv_unified")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset",
-               "min_gain", "prompt_cache", "also", "engine", "llama_server", "server_check")
+               "timed_scope", "min_gain", "prompt_cache", "also", "engine", "llama_server", "server_check")
+# the timed subset: every proposer's predicted best gamma and gamma 1 per category and policy (and each answer's
+# configuration), or each answer's configuration alone (bench.subset.choose)
+TIMED_SCOPES = ("proposers", "answers")
 ENGINES = ("harness", "server")  # who generates: the harness's own loop, or llama-server (harness.bench.serverunit)
 
 
@@ -71,6 +74,7 @@ class Params:
     replay_gamma: int = 8  # ...up to this gamma
     timed_subset: int = 0  # with replay: time only each proposer's predicted best gamma and gamma 1 per category,
     # on its first N prompts (0: time every configuration on every prompt)
+    timed_scope: str = "proposers"  # TIMED_SCOPES: what the timed subset times
     min_gain: float = MIN_GAIN  # the least gain worth having over plain decoding
     prompt_cache: bool = False  # each model evaluates each prompt once a run; later uses restore its KV state
     also: list = field(default_factory=list)  # further sweeps: dicts of list keys replacing this one's
@@ -117,8 +121,8 @@ def load_profile(name: str, path: Path | None = None) -> dict:
 SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
                 "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int,
-                "min_gain": (int, float), "prompt_cache": bool, "also": list, "engine": str, "llama_server": str,
-                "server_check": int}
+                "timed_scope": str, "min_gain": (int, float), "prompt_cache": bool, "also": list, "engine": str,
+                "llama_server": str, "server_check": int}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:
@@ -192,6 +196,8 @@ def check(p: Params) -> None:
                            "harness's own measurements; with --engine server they are llama-server's already")
     if p.timed_subset < 0 or (p.timed_subset and not p.replay):
         raise HarnessError("--timed-subset N (N >= 1 prompts per category) times what the replay chose: give --replay")
+    if p.timed_scope not in TIMED_SCOPES:
+        raise HarnessError(f"--timed-scope takes {' or '.join(TIMED_SCOPES)}, got {p.timed_scope!r}")
     if p.timed_subset and p.until_confident:
         raise HarnessError("--until-confident adds prompts to timed configurations; with --timed-subset every prompt "
                            "is replayed already: give one or the other")

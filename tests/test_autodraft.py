@@ -1,6 +1,6 @@
-"""bench/autodraft.py: `harness bench --target PATH` with no --draft picks the drafts itself: over folders of tiny
-GGUFs the tests write (which GGUFs, and the model-free proposers alone where none fits), and one real short run on
-SmolLM2 beside its Q2_K (slow tier)."""
+"""bench/autodraft.py: `harness bench --target PATH` with no --draft picks the drafts itself and runs the default
+profile's method: over folders of tiny GGUFs the tests write (which GGUFs, and the model-free proposers alone where
+none fits), a dry run on SmolLM2 beside its Q2_K (what it plans), and one real short run (slow tier)."""
 from __future__ import annotations
 
 import json
@@ -10,12 +10,14 @@ import pytest
 
 pytest.importorskip("gguf")
 
-from harness.bench.autodraft import BUDGET_MIN, LLAMA_TYPE, LOOKUP, pick, with_drafts
+from harness.bench.autodraft import BUDGET_MIN, LLAMA_TYPE, LOOKUP, default_method, pick, with_drafts
+from harness.plan import load_profile
 from harness.specs import parse_draft
 from tests.helpers import harness, only_run
 from tests.tiny_gguf import write_tiny_model
 
-FREE = [LOOKUP, LLAMA_TYPE]
+DEFAULT = load_profile("default")
+FREE = [d for d in DEFAULT["draft"] if parse_draft(d).model_free]  # the lookup and llama.cpp's n-gram types
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +39,9 @@ def folder(tmp_path_factory) -> Path:
 
 
 def test_the_two_best_faster_drafts_and_the_model_free_proposers(folder):
-    drafts, lines = pick([str(folder / "target.gguf")], [folder / "all"])
+    drafts, lines = pick([str(folder / "target.gguf")], [folder / "all"], FREE)
     assert drafts == [str(folder / "all" / "small.gguf"), str(folder / "all" / "small2.gguf"), *FREE]
+    assert LOOKUP in FREE and any(d.startswith("ngram-mod") for d in FREE) and "ngram-cache" in FREE
     assert all(parse_draft(d) for d in drafts)  # each as bench reads it
     assert lines[0].startswith("No --draft: picked for target")
     assert "llama-server takes it; harness check ALIGNED" in lines[1] and "unlikely" not in lines[1]
@@ -46,12 +49,12 @@ def test_the_two_best_faster_drafts_and_the_model_free_proposers(folder):
 
 def test_only_a_bigger_draft_is_taken_and_said_to_be_unlikely_to_gain(folder):
     drafts, lines = pick([str(folder / "target.gguf")], [folder / "big"])
-    assert drafts == [str(folder / "big" / "bigger.gguf"), *FREE]
+    assert drafts == [str(folder / "big" / "bigger.gguf"), LOOKUP, LLAMA_TYPE]  # without the profile's
     assert "unlikely to gain" in lines[1]
 
 
 def test_no_compatible_draft_runs_the_model_free_proposers_and_says_so(folder):
-    drafts, lines = pick([str(folder / "target.gguf")], [folder / "none"])
+    drafts, lines = pick([str(folder / "target.gguf")], [folder / "none"], FREE)
     assert drafts == FREE
     assert "no draft model: none of the 1 GGUFs" in lines[1] and "model-free proposers only" in lines[1]
 
@@ -63,21 +66,60 @@ def test_given_drafts_or_a_profile_are_left_alone(folder, capsys):
         assert with_drafts(profile, opts, [folder / "all"]) is opts
     assert capsys.readouterr().err == ""
     got = with_drafts(None, {"target": target, "draft": None, "budget_min": None}, [folder / "none"])
-    assert got["draft"] == FREE and got["budget_min"] == BUDGET_MIN
+    assert got["draft"] == FREE and got["budget_min"] == DEFAULT["budget_min"] == BUDGET_MIN
     err = capsys.readouterr().err
     assert "model-free proposers only" in err and f"budget: {BUDGET_MIN:g} minutes" in err
     assert with_drafts(None, {"target": target, "draft": None, "budget_min": 3.0}, [folder / "none"])["budget_min"] == 3
-    # plan refuses llama.cpp's n-gram types with --parallel above 1: left out there, and said so; the replay
-    # prices them
-    assert with_drafts(None, {"target": target, "draft": None, "parallel": "1,2"}, [folder / "none"])["draft"] == \
-        [LOOKUP]
-    assert "left out, as --parallel does not take" in capsys.readouterr().err
+    # plan refuses llama.cpp's n-gram types and the replay with --parallel above 1: left out there, and said so
+    par = with_drafts(None, {"target": target, "draft": None, "parallel": "1,2"}, [folder / "none"])
+    assert par["draft"] == [LOOKUP] and "replay" not in par and "timed_subset" not in par
+    assert "no replay nor llama.cpp's n-gram types: --parallel does not take them" in capsys.readouterr().err
     for opt in ({"parallel": "1"}, {"replay": True}):
         assert with_drafts(None, {"target": target, "draft": None} | opt, [folder / "none"])["draft"] == FREE
+    # what a given option refuses of the method goes; llama-server has no prompt lookup of the harness's
+    assert "timed_subset" not in with_drafts(None, {"target": target, "draft": None, "replay": False},
+                                             [folder / "none"])
+    server = with_drafts(None, {"target": target, "draft": None, "engine": "server"}, [folder / "none"])
+    assert LOOKUP not in server["draft"] and "server_check" not in server and "replay" not in server
 
 
-@pytest.mark.slow  # 4 configurations, one 4-token prompt, the reports: estimated 1.2 min on the 2-core VM alone;
-# 8 min there under other processes' load, which measures its busy units again
+def test_a_bare_target_gets_the_default_profiles_method_but_what_is_given():
+    method, free, said = default_method()
+    assert method == {k: v for k, v in DEFAULT.items() if k not in ("target", "draft", "also")} and free == FREE
+    assert method["replay"] and method["temp"] == [0.0, 0.7] and len(method["gamma"]) > 2
+    assert said.startswith("  method: the 'default' profile's (profiles.toml): gamma 1,2,3,4,5,6,7,8, temp 0.0,0.7")
+
+
+def test_what_is_given_stands_over_the_method(folder, capsys):
+    got = with_drafts(None, {"target": str(folder / "target.gguf"), "draft": None, "gamma": "4", "temp": None,
+                             "max_tokens": 32}, [folder / "none"])
+    assert (got["gamma"], got["max_tokens"], got["temp"]) == ("4", 32, DEFAULT["temp"])
+    assert got["replay"] and got["timed_subset"] == DEFAULT["timed_subset"]
+
+
+def test_bench_target_dry_run_plans_the_default_method_on_smollm2(tmp_path, smol, smol_q2k):
+    """The user types one command with one path and --dry-run: the replay of every prompt, the gamma sweep,
+    both policies, the timed subset and the llama-server check, as the default profile plans them, fitted to the
+    budget (a budget that holds it all here: what the default's 20 minutes keep depends on the machine's probes,
+    which other processes slow)."""
+    d = tmp_path / "models"
+    d.mkdir()
+    for m in (smol, smol_q2k):
+        (d / m.name).symlink_to(m)
+    r = harness("bench", "--target", d / smol.name, "--budget-min", "600", "--dry-run", "--allow-busy", "--out",
+                tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    err = r.stderr
+    assert "method: the 'default' profile's" in err and "\nbudget 600 min (fitted to 85% of it): estimated " in err
+    covers = next(ln for ln in err.splitlines() if ln.startswith("covers: "))
+    assert f"drafts {smol_q2k.stem}, {', '.join(FREE)}; gammas 1, 2, 3, 4, 5, 6, 7, 8 (replayed up to 8)" in covers
+    assert "policies greedy, T=0.7 top_p=0.9; 10 prompt(s) in each of 6 categories (60), 128 tokens each" in covers
+    assert "timed: proposers on 3 prompt(s) a category; llama-server check: 5 prompt(s) an answer" in covers
+    assert "then the replay of 2 baseline(s) through " in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # the default profile's method on one 4-token prompt, both policies, replayed, a timed subset
+# and (where make native built one) llama-server's check, the reports
 def test_bench_with_one_path_picks_the_q2k_beside_it(tmp_path, smol, smol_q2k):
     """The user types one command with one path: SmolLM2 in a folder of its own beside its Q2_K."""
     d = tmp_path / "models"
@@ -93,4 +135,5 @@ def test_bench_with_one_path_picks_the_q2k_beside_it(tmp_path, smol, smol_q2k):
     assert "budget: 20 minutes" in r.stderr
     plan = json.loads((only_run(tmp_path / "out") / "plan.json").read_text())
     assert plan["params"]["draft"] == [smol_q2k.stem, *FREE]  # the Q2_K is in the catalog: named as it is there
-    assert plan["params"]["budget_min"] == BUDGET_MIN
+    assert plan["params"]["budget_min"] == BUDGET_MIN and plan["params"]["replay"]
+    assert plan["params"]["temp"] == DEFAULT["temp"] and plan["params"]["max_tokens"] == 4

@@ -300,7 +300,8 @@ def test_until_confident_stops_when_the_budget_is_spent(tmp_path, smol):
     assert "- budget 0.01 min (fitted to 85% of it): estimated " in md and "nothing can be cut: running anyway" in md
     # what it took, per part and in all, beside the estimate's parts
     took, parts = plan["took_s"], plan["budget"]["parts_s"]
-    assert took["total"] >= took["units"] + took["rounds"] > 0 and "units" in parts
+    assert took["total"] >= took["evidence"] + took["units"] + took["rounds"] > 0 and "evidence" in parts
+    assert took["evidence"] > 0 and set(plan["budget"]["evidence_s"]) == {"prompt evaluation", "generation"}
     assert f"took {took['total'] / 60:.1f} min before its report" in md
 
 
@@ -452,11 +453,14 @@ def test_a_dry_run_prints_the_plan_and_the_cuts_and_runs_nothing(tmp_path, smol,
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     assert lines[0].startswith("budget 0.01 min (fitted to 85% of it): estimated ")
-    assert "cut max tokens 64 -> 16, replay gamma 6 -> 4" in lines[0], lines
+    # the gammas and the timed subset's configurations before the tokens, which go to 32 at the most
+    assert "cut replay gamma 6 -> 4, timed subset's configurations proposers -> answers, max tokens 64 -> 32 " \
+           "(--budget-min " in lines[0], lines
     assert lines[0].endswith("nothing more can be cut: running anyway"), lines
     assert "x 6 prompts x 1 repeat(s); 1 unit(s) to run, then the replay of 1 baseline(s)" in r.stderr
     assert "up to gamma 4" in r.stderr and "estimated time: about" in r.stderr
     est = next(ln for ln in lines if ln.startswith("estimated time: about"))
-    assert all(f"{part} " in est for part in ("units", "replay", "timed subset", "worker starts and model loads"))
+    assert all(f"{part} " in est for part in ("evidence", "replay", "timed subset", "worker starts and model loads"))
+    assert "(the evidence: prompt evaluation " in est and "covers: target " in r.stderr
     assert f"dry run: each model's probe for the estimate ({T}: a prompt token " in r.stderr, r.stderr
     assert " ms a further token of a block; loaded in " in r.stderr and f" s; {D}: " in r.stderr and not out.exists()

@@ -16,9 +16,10 @@ from tests.helpers import HARNESS, ROOT, harness, only_run
 def test_bench_with_stdout_and_stderr_closed_runs_and_reports(tmp_path, smol):
     """Progress wrote to a None stderr: a traceback, and a half-made run directory."""
     out = tmp_path / "out"
-    cmd = shlex.join([*HARNESS, "bench", "--target", T, "--prompts", str(PROMPT_FILE), "--categories", "code",
-                      "--per-category", "1", "--max-tokens", "4", "--allow-busy", "--busy-threshold", "1", "--out",
-                      str(out)]) + " >&- 2>&-"
+    # a draft given: a bare target runs the default profile's method (bench.autodraft), minutes of it
+    cmd = shlex.join([*HARNESS, "bench", "--target", T, "--draft", "ngram:2", "--prompts", str(PROMPT_FILE),
+                      "--categories", "code", "--per-category", "1", "--max-tokens", "4", "--allow-busy",
+                      "--busy-threshold", "1", "--out", str(out)]) + " >&- 2>&-"
     r = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=os.environ | {"CI": "true"}, stdin=subprocess.DEVNULL)
     assert r.returncode == 0
     run = only_run(out)

@@ -5,7 +5,8 @@ from dataclasses import replace
 import pytest
 
 from harness.bench.estimate import (CHOOSE_S, REPORT_S, WORKER_S, Ledger, Weights, batched_ms, batched_step_costs,
-                                    check_ms, in_situ_ms, remaining_parts, replay_ms, subset_ms, unit_ms)
+                                    check_ms, evidence_parts, in_situ_ms, remaining_parts, replay_ms, subset_ms,
+                                    unit_ms)
 from harness.bench.probe import MODEL_S, Figures, Probe
 from harness.instance import Instance
 from harness.plan import Params
@@ -102,15 +103,21 @@ def test_with_the_prompt_cache_each_model_evaluates_each_prompt_once_a_run():
     todo = [(BASE, 0, ps), (SPEC, 0, ps)]
     without = remaining_parts(todo, [BASE, SPEC], {}, ps, PARAMS, None, {}, figures(ps))
     cached = remaining_parts(todo, [BASE, SPEC], {}, ps, replace(PARAMS, prompt_cache=True), None, {}, figures(ps))
-    # without: every use evaluates its prompt; the drift check runs the baseline once more
-    assert without == pytest.approx({"units": (BASE_MS + SPEC_MS) / 1000, "drift check": BASE_MS / 1000,
+    # without: every use evaluates its prompt; the drift check runs the baseline once more. The plain baseline's
+    # unit is the evidence, the speculative one a unit
+    assert without == pytest.approx({"evidence": BASE_MS / 1000, "units": SPEC_MS / 1000,
+                                     "drift check": BASE_MS / 1000,
                                      "worker starts and model loads": 3 * WORKER_S + 4 * MODEL_S,
                                      "reports": REPORT_S})
     # with: the baseline evaluates the target's prompts (1000 ms), which its speculative unit, twin and drift
     # check restore; the draft evaluates its own once (400 ms); the decode costs start from cached prompts
-    assert cached == pytest.approx({"units": (BASE_MS + SPEC_MS - 2000 - FILLED_MS) / 1000, "drift check": 1.92,
-                                    "worker starts and model loads": 3 * WORKER_S + 4 * MODEL_S,
+    assert cached == pytest.approx({"evidence": BASE_MS / 1000, "units": (SPEC_MS - 2000 - FILLED_MS) / 1000,
+                                    "drift check": 1.92, "worker starts and model loads": 3 * WORKER_S + 4 * MODEL_S,
                                     "reports": REPORT_S})
+    # the evidence split: the baseline's 2 prompts of 100 tokens at 5 ms, its 64 tokens at 30
+    for got in (evidence_parts(todo, PARAMS, None, figures(ps)),
+                evidence_parts(todo, replace(PARAMS, prompt_cache=True), None, figures(ps))):
+        assert got == pytest.approx({"prompt evaluation": 1.0, "generation": 1.92})
 
 
 def test_progress_weighs_each_prompt_by_its_estimated_time_in_the_runs_order():
@@ -196,6 +203,27 @@ def test_timed_subset_is_gamma_one_and_the_predicted_best_gamma_on_each_category
     assert ledger.load_ms == pytest.approx(3 * (WORKER_S + 2 * MODEL_S) * 1000)
 
 
+def test_a_timed_subset_of_the_answers_prices_one_configuration_per_baseline():
+    """timed_scope answers: each answer's configuration alone, priced as the draft model's (the likeliest and
+    dearest answer: before the lookup and llama.cpp's types) at its predicted best gamma on both categories'
+    first prompts, and at two above on one category's; no gamma-1 check, no unit per proposer."""
+    insts = [BASE] + [Instance(T, NGram(3), 1, GREEDY, 0, 0, 2)] + [replace(SPEC, gamma=g) for g in (1, 2, 4)] + \
+        [Instance(T, LlamaNgram.make("ngram-mod", n_max=16), 16, GREEDY, 0, 0, 2)]
+    ps = prompts(10)
+    p = replace(PARAMS, timed_subset=1, timed_scope="answers")
+    fig = figures(ps)
+    fig.probes[(T, 2, 0)] = Probe(5.0, 0.0, 100.0, 0.0, 5.0)  # gamma 2 predicted best, as above
+    ledger = Ledger(cached=False)
+    by_hand = sum(unit_ms(replace(SPEC, gamma=g), 0, on, p, None, fig, ledger) for g, on in
+                  ((2, [ps[0], ps[10]]), (4, [ps[0]])))
+    assert subset_ms(insts, ps, p, None, fig, Ledger(cached=False)) == pytest.approx(by_hand)
+    assert subset_ms(insts, ps, replace(p, timed_scope="proposers"), None, fig, Ledger(cached=False)) > 2 * by_hand
+    # without a draft model, the lookup's; without either, llama.cpp's type's
+    assert subset_ms([BASE, insts[1], insts[-1]], ps, p, None, fig, Ledger(cached=False)) > 0
+    assert subset_ms([BASE, insts[-1]], ps, p, None, fig, Ledger(cached=False)) == \
+        pytest.approx(unit_ms(insts[-1], 0, [ps[0], ps[10]], p, None, fig, Ledger(cached=False)))
+
+
 def test_the_timed_subset_times_one_of_llamas_ngram_types_per_baseline_and_policy():
     """bench.subset.choose times the best predicted of a group's n-gram types alone, at its own gamma: sized two
     ways, one unit on each category's first prompt."""
@@ -215,12 +243,13 @@ def test_the_parts_add_up_for_a_replayed_run_with_a_timed_subset():
     fig = figures(ps)
     by_hand = [unit_ms(BASE, 0, ps, p, None, fig, ledger), replay_ms(BASE, ps, [D], p, fig, ledger),
                subset_ms(insts, ps, p, None, fig, ledger)]
-    assert list(parts) == ["units", "replay", "timed subset", "worker starts and model loads", "reports"]
-    assert list(parts.values()) == pytest.approx([x / 1000 for x in by_hand[:2]] + [by_hand[2] / 1000 + CHOOSE_S,
-                                                 ledger.load_ms / 1000, REPORT_S])
+    assert list(parts) == ["evidence", "units", "replay", "timed subset", "worker starts and model loads",
+                           "reports"]
+    assert list(parts.values()) == pytest.approx([by_hand[0] / 1000, 0, by_hand[1] / 1000,
+                                                  by_hand[2] / 1000 + CHOOSE_S, ledger.load_ms / 1000, REPORT_S])
     # no drift check beside a timed subset (its baselines ran on every prompt); the subset restores every prompt:
     # the target's evaluated by the baseline, the draft's by the replay
-    assert parts["units"] == pytest.approx(BASE_MS / 1000)
+    assert parts["evidence"] == pytest.approx(BASE_MS / 1000)
     assert parts["replay"] == pytest.approx((2 * (4940 + 1436) + 400 + 640 - FILLED_MS) / 1000)
     assert parts["timed subset"] == pytest.approx((SPEC_MS - 2400 + EXTRA_MS - 2 * FILLED_MS) / 1000 + CHOOSE_S)
 

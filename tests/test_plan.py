@@ -247,7 +247,7 @@ def test_plan_refuses_knobs_it_cannot_measure_honestly(params, words):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--timed-subset", "1"], ["--timed-subset", "--replay"]),
+    (["--draft", "ngram:2", "--timed-subset", "1"], ["--timed-subset", "--replay"]),  # a bare target replays
     (["--replay", "--replay-gamma", "0"], ["--replay-gamma", ">= 1"]),
     (["--replay", "--timed-subset", "1", "--until-confident"], ["--until-confident", "--timed-subset"]),
 ])

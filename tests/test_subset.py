@@ -83,6 +83,22 @@ def test_the_configuration_a_predicted_speculate_names_is_timed_too(tmp_path):
     assert timed_gammas(chosen) == {1, 3, 8} and all(ids == ["held"] for ids in chosen.values())
 
 
+def test_with_scope_answers_the_answers_configuration_alone_is_timed(tmp_path):
+    """--timed-scope answers (the budget narrows to it first): of the draft model's gammas only the one the
+    answer names (gamma 3 over all prompts), neither gamma 1 nor the held-out best; on 3 prompts where asked, and
+    the answer of a group that does not say speculate as well."""
+    run, prompts = run_dir(tmp_path, {"held": "code", "lucky": "code", "lucky2": "code"})
+    chosen, _ = choose(run, INSTANCES, prompts, 1, "answers")
+    assert timed_gammas(chosen) == {3} and all(ids == ["held"] for ids in chosen.values())
+    chosen, _ = choose(run, INSTANCES, prompts, 3, "answers")
+    assert timed_gammas(chosen) == {3} and list(chosen.values()) == [["held", "lucky", "lucky2"]]
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    run, prompts = run_dir(slow, {"held": "code"})
+    assert answered(run) == [] and answered(run, every=True)  # no gain from one prompt of two in three
+    assert timed_gammas(choose(run, INSTANCES, prompts, 1, "answers")[0]) == {answered(run, every=True)[0][-1]}
+
+
 def test_of_llamas_ngram_types_the_groups_best_alone_is_timed(tmp_path):
     """Sizes of llama.cpp's n-gram types, each at its own gamma: one of them timed per group, the best predicted,
     beside the draft model's gamma 1 and best; its instance is the prediction's (label and gamma)."""

@@ -1,51 +1,94 @@
-"""`harness bench --target PATH` with no --draft and no profile: the drafts picked for the target (issue 46), as
-options, before the plan is made. The best one or two GGUFs that can draft for it, found as `harness drafts`
-finds them (models.drafts.survey: the target's own folder and the usual places, llama.cpp's rule, the harness's
-alignment check, size), and the model-free proposers; the reasons on stderr."""
+"""`harness bench --target PATH` with no --draft and no profile: the default profile's method for the user's own
+target (issues 46 and 53), as options, before the plan is made. The drafts: the best one or two GGUFs that can
+draft for it, found as `harness drafts` finds them (models.drafts.survey: the target's own folder and the usual
+places, llama.cpp's rule, the harness's alignment check, size), then the default profile's model-free proposers
+(the harness's lookup and llama.cpp's n-gram types). The method: the default profile's every other setting (every
+prompt replayed, the gamma sweep, both policies, the timed subset, the llama-server check, the 20-minute budget
+it is fitted to), each as given on the command line where it is. The reasons on stderr."""
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
 
+from harness.errors import HarnessError
 from harness.models.arch import refusal
 from harness.models.drafts import FASTER_RATIO, default_roots, survey
 
 MODELS = 2  # draft models picked at most
-# the harness's prompt lookup at the N of every committed run (docs/findings/which-llamacpp-type.md)
+PROFILE = "default"  # whose method a bare target gets
+OWN = ("target", "draft", "also")  # what the profile's method leaves to the user and the picking
+# without the profile (a profiles file that lacks it): the harness's prompt lookup at the N of every committed run
+# (docs/findings/which-llamacpp-type.md) and llama.cpp's ngram-mod with its n-max cut from 64 to 16 (on a CPU a
+# verify of 65 tokens costs many decodes; n-min 12 keeps llama.cpp's share of it, 48 of 64), fitted to 20 minutes
 LOOKUP = "ngram:3"
-# llama.cpp's ngram-mod with its n-max cut from 64 to 16: on a CPU a verify of 65 tokens costs many decodes, so a
-# 64-token draft pays only where nearly all of it is accepted; n-min 12 keeps llama.cpp's default share of it (48
-# of 64). A choice for a CPU, not a measured optimum.
 LLAMA_TYPE = "ngram-mod:n-max=16:n-min=12"
-BUDGET_MIN = 20.0  # make bench's: a run of every prompt at each prompt's own length is cut to fit
+BUDGET_MIN = 20.0
+REPLAYED = ("replay", "replay_gamma", "timed_subset", "timed_scope")  # the replay and what rests on it
+# an option given -> the method's settings plan refuses beside it
+REFUSED = ((lambda o: o.get("replay") is False, REPLAYED), (lambda o: o.get("until_confident"), REPLAYED[2:]),
+           (lambda o: o.get("engine") == "server", (*REPLAYED, "prompt_cache", "server_check")))
 
 
 def with_drafts(profile: str | None, opts: dict, roots: list[Path] | None = None) -> dict:
-    """bench's options with the picked drafts (and, where none is given, BUDGET_MIN) where a target is given and
-    neither --draft nor a profile; else as they are. Says what it picked and why on stderr."""
+    """bench's options with the picked drafts and the default profile's method (each option not given) where a
+    target is given and neither --draft nor a profile; else as they are. Says what it picked and why on stderr."""
     if profile or opts.get("draft") is not None or not opts.get("target"):
         return opts
     targets = [t for t in str(opts["target"]).split(",") if t]
     parallel = any(x.strip().isdigit() and int(x) > 1 for x in str(opts.get("parallel") or "1").split(","))
-    unfit = "--parallel" if parallel else None  # plan refuses the type there
-    drafts, lines = pick(targets, roots, unfit)
-    out = opts | {"draft": drafts}
+    unfit = "--parallel" if parallel else None  # plan refuses llama.cpp's types and the replay there
+    method, free, said = default_method(unfit)
+    refused = {k for given, keys in REFUSED if given(opts) for k in keys}
+    if opts.get("engine") == "server":  # llama-server has no prompt lookup of the harness's kind
+        free = [d for d in free if not d.startswith("ngram:")]
+    drafts, lines = pick(targets, roots, free)
+    out = opts | {k: v for k, v in method.items() if opts.get(k) is None and k not in refused} | {"draft": drafts}
+    lines.append(said)
     if opts.get("budget_min") is None:
-        out["budget_min"] = BUDGET_MIN
-        lines.append(f"  budget: {BUDGET_MIN:g} minutes, the run cut to fit (--budget-min to change it)")
+        lines.append(f"  budget: {out['budget_min']:g} minutes, the run cut to fit (--budget-min to change it; "
+                     "the budget's first line says what it cut)")
     print("\n".join(lines), file=sys.stderr, flush=True)
     return out
 
 
-def pick(targets: list[str], roots: list[Path] | None = None, unfit: str | None = None) -> tuple[list[str], list[str]]:
-    """(the drafts for bench: the draft models' refs, then LOOKUP and LLAMA_TYPE; the lines saying why). A draft
-    model must pass the harness's alignment check against every target; ranked as `harness drafts` ranks
-    (llama.cpp's rule first), the best MODELS at most FASTER_RATIO of the targets' size, else the best one of any
-    size. roots: where to look (default: each target's folder and drafts.default_roots). unfit: the option that
-    leaves LLAMA_TYPE out (llama.cpp's n-gram types are not served to several requests yet)."""
+def default_method(unfit: str | None = None) -> tuple[dict, list[str], str]:
+    """(the default profile's settings but its targets, drafts and further sweeps; its model-free proposers; a
+    line saying so). unfit: the option that leaves out llama.cpp's n-gram types and the replay. Without the profile
+    (a profiles file that lacks it), LOOKUP and LLAMA_TYPE, gamma 4, greedy, within BUDGET_MIN."""
+    from harness.plan import load_profile
+    from harness.specs import NGram, parse_draft
+    try:
+        prof = load_profile(PROFILE)
+    except HarnessError as e:
+        method, free = {"budget_min": BUDGET_MIN}, [LOOKUP, LLAMA_TYPE]
+        said = f"  method: no '{PROFILE}' profile ({e}): gamma 4, greedy, every prompt timed"
+    else:
+        method = {k: v for k, v in prof.items() if k not in OWN}
+        free = [d for d in prof.get("draft", []) if parse_draft(d).model_free]
+        said = (f"  method: the '{PROFILE}' profile's (profiles.toml): " +
+                ", ".join(f"{k.replace('_', '-')} {_said(v)}" for k, v in method.items()))
+    if unfit:
+        free = [d for d in free if isinstance(parse_draft(d), NGram)]
+        method = {k: v for k, v in method.items() if k not in REPLAYED}
+        said += f" (no replay nor llama.cpp's n-gram types: {unfit} does not take them yet)"
+    return method, free, said
+
+
+def _said(v) -> str:
+    return ",".join(map(str, v)) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def pick(targets: list[str], roots: list[Path] | None = None, free: list[str] | None = None) -> tuple[list[str],
+                                                                                                   list[str]]:
+    """(the drafts for bench: the draft models' refs, then the model-free proposers `free` (default: LOOKUP and
+    LLAMA_TYPE); the lines saying why). A draft model must pass the harness's alignment check against every target;
+    ranked as `harness drafts` ranks (llama.cpp's rule first), the best MODELS at most FASTER_RATIO of the targets'
+    size, else the best one of any size. roots: where to look (default: each target's folder and
+    drafts.default_roots)."""
     from harness.align import check_pair
     from harness.models.catalog import require_present, resolve
+    free = [LOOKUP, LLAMA_TYPE] if free is None else free
     models = [resolve(t) for t in targets]
     paths = [require_present(m) for m in models]
     where = roots if roots is not None else list(dict.fromkeys([p.parent for p in paths] + default_roots()))
@@ -71,7 +114,7 @@ def pick(targets: list[str], roots: list[Path] | None = None, unfit: str | None 
         found = sum(len(s["candidates"]) for s in surveys)
         lines.append(f"  no draft model: none of the {found} GGUFs in {folders} passes the harness's alignment check "
                      "and runs in its loop, so the model-free proposers only")
-    lines += [f"  {LOOKUP}: the harness's prompt lookup (model-free)",
-              f"  {LLAMA_TYPE}: llama.cpp's ngram-mod (model-free), its n-max cut from 64 to 16 for a CPU" +
-              (f": left out, as {unfit} does not take llama.cpp's n-gram types yet" if unfit else "")]
-    return [c["ref"] for c in chosen] + [LOOKUP] + [LLAMA_TYPE] * (not unfit), lines
+    if free:
+        lines.append(f"  {', '.join(free)}: the model-free proposers (the harness's prompt lookup, llama.cpp's "
+                     "n-gram types)")
+    return [c["ref"] for c in chosen] + free, lines

@@ -34,6 +34,7 @@ class Ledger:
 
     def __init__(self, cached: bool):
         self.cached, self.paid, self.load_ms = cached, set(), 0.0
+        self.prompt_ms = 0.0  # the prompts' evaluation counted so far
 
     def load(self, *models: Probe) -> None:
         """A worker started and these models loaded."""
@@ -51,6 +52,7 @@ class Ledger:
                 n = int((model, cfg, p.id) not in self.paid)
                 self.paid.add((model, cfg, p.id))
             total += n * pr.prompt(fig.tokens(target, p))
+        self.prompt_ms += total
         return total
 
 
@@ -238,26 +240,44 @@ def subset_ms(instances: list[Instance], prompts: list, params: Params, run_dir:
     ALPHA_GUESS where that is not 1 (llama.cpp's n-gram types: one of them at its own gamma). The replay predicts
     each category's own, and a category whose best gamma differs adds a unit on its prompts alone: counted here as
     one more unit per proposer and policy, on one category's prompts at a gamma two above (runs have had 3 such
-    units for 5 proposers and policies on an Intel Xeon VM, 5 of 36 units on an AMD EPYC VM)."""
+    units for 5 proposers and policies on an Intel Xeon VM, 5 of 36 units on an AMD EPYC VM). With timed_scope
+    "answers", each answer's configuration alone: counted as the first proposer's, per policy, at its predicted
+    best gamma on every category's prompts and, as another configuration answers some of them, at a gamma two
+    above on one category's."""
     from harness.bench.subset import first_prompts
-    from harness.costmodel import best_speculative
     firsts = first_prompts(prompts, params.timed_subset)
     chosen = [p for ps in firsts.values() for p in ps]
     one = max(firsts.values(), key=len, default=[])
     if not chosen:
         return 0.0
+    if params.timed_scope == "answers":  # per baseline, its likeliest answer: a model draft's, else the first
+        spec = [i for i in instances if not i.baseline and not i.adaptive and (i.gamma == 1 or i.draft.own_gamma)]
+        reps = {}
+        for i in sorted(spec, key=lambda i: (i.draft.model is None, bool(i.draft.own_gamma))):
+            reps.setdefault(i.plain().id, i)
+        return sum(_best_units(i, firsts, chosen, one, params, run_dir, fig, ledger, [])
+                   for i in reps.values())
     # llama.cpp's n-gram types, one gamma each: one unit per baseline and policy, the best predicted of them
     llama = {(i.plain().id, i.policy.label): i for i in instances if i.draft.own_gamma}
     ms = sum(unit_ms(i, 0, chosen, params, run_dir, fig, ledger) for i in llama.values())
     for i in instances:
-        if i.baseline or i.adaptive or i.gamma != 1 or i.draft.own_gamma:
-            continue
-        c = instance_costs(i, run_dir, _context(i.target, chosen, params, fig), fig)
-        top = min(params.replay_gamma, len(c.target_ms) - 1)
-        best = best_speculative(ALPHA_GUESS, c, top)
-        units = [(g, chosen) for g in dict.fromkeys((best, 1))] + [(min(best + 2, top), one)] * (len(firsts) > 1)
-        ms += sum(unit_ms(replace(i, gamma=g), 0, ps, params, run_dir, fig, ledger) for g, ps in units)
+        if not (i.baseline or i.adaptive or i.gamma != 1 or i.draft.own_gamma):
+            ms += _best_units(i, firsts, chosen, one, params, run_dir, fig, ledger, [1])
     return ms
+
+
+def _best_units(i: Instance, firsts: dict, chosen: list, one: list, params: Params, run_dir: Path | None,
+                fig: Figures, ledger: Ledger, also: list[int]) -> float:
+    """A proposer's timed units: at the gamma predicted best at ALPHA_GUESS (llama.cpp's n-gram types: their own)
+    and the `also` gammas on every category's prompts, and at a gamma two above on one category's."""
+    from harness.costmodel import best_speculative
+    if i.draft.own_gamma:
+        return unit_ms(i, 0, chosen, params, run_dir, fig, ledger)
+    c = instance_costs(i, run_dir, _context(i.target, chosen, params, fig), fig)
+    top = min(params.replay_gamma, len(c.target_ms) - 1)
+    best = best_speculative(ALPHA_GUESS, c, top)
+    units = [(g, chosen) for g in dict.fromkeys((best, *also))] + [(min(best + 2, top), one)] * (len(firsts) > 1)
+    return sum(unit_ms(replace(i, gamma=g), 0, ps, params, run_dir, fig, ledger) for g, ps in units)
 
 
 def fidelity_ms(params: Params, prompts: list, fig: Figures, ledger: Ledger) -> float:
@@ -308,15 +328,17 @@ def server_check_ms(instances: list[Instance], prompts: list, params: Params, fi
 
 def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict,
                     prompts: list, params: Params, run_dir: Path | None, plan: dict, fig: Figures) -> dict[str, float]:
-    """Seconds for what is left of a run, by part, in the order the run goes: the units to run
-    (configuration, round, prompts), the replay of the baselines not yet replayed, the timed subset if the
-    replay has not chosen it yet, the fidelity of several targets, the closing baselines (drift check) of a run
-    without one; the worker starts and model loads of all of them; the reports. run_dir None: a run not started
-    yet. A resumed run's prompts are costed as not yet cached."""
+    """Seconds for what is left of a run, by part, in the order the run goes: the units to run (configuration,
+    round, prompts), the plain baselines' first ("evidence": the plain generation of the run's prompts, which
+    everything else is replayed along, checked against or priced by) and the others'; the replay of the baselines
+    not yet replayed, the timed subset if the replay has not chosen it yet, the fidelity of several targets, the
+    closing baselines (drift check) of a run without one; the worker starts and model loads of all of them; the
+    reports. run_dir None: a run not started yet. A resumed run's prompts are costed as not yet cached."""
     from harness.bench.replay import proposers
     from harness.rundir import DRIFT_DIR, FIDELITY_FILE, REPLAY_DIR, finished
     ledger = Ledger(params.prompt_cache)
-    parts = {"units": sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo)}
+    parts = {name: sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo if i.baseline == base)
+             for name, base in (("evidence", True), ("units", False))}
     live = [i for i in instances if i.id not in skipped]
     if params.replay:
         done = finished(run_dir / REPLAY_DIR) if run_dir else {}
@@ -335,6 +357,15 @@ def remaining_parts(todo: list[tuple[Instance, int, list]], instances: list[Inst
         parts["llama-server check"] = server_check_ms(live, prompts, params, fig)
     return {k: v / 1000 for k, v in parts.items()} | {"worker starts and model loads": ledger.load_ms / 1000,
                                                       "reports": REPORT_S}
+
+
+def evidence_parts(todo: list[tuple[Instance, int, list]], params: Params, run_dir: Path | None,
+                   fig: Figures) -> dict[str, float]:
+    """remaining_parts' evidence in seconds, split: its prompts' evaluation (which with long prompts on a CPU may
+    be most of it) and the generation of its tokens."""
+    ledger = Ledger(params.prompt_cache)
+    ms = sum(unit_ms(i, r, p, params, run_dir, fig, ledger) for i, r, p in todo if i.baseline)
+    return {"prompt evaluation": ledger.prompt_ms / 1000, "generation": (ms - ledger.prompt_ms) / 1000}
 
 
 def remaining_s(todo: list[tuple[Instance, int, list]], instances: list[Instance], skipped: dict, prompts: list,

@@ -15,8 +15,9 @@ import click
 
 from harness.analysis.noise import unit_summary
 from harness.bench import noise
-from harness.bench.budget import Fit, fit
-from harness.bench.estimate import Weights, remaining_parts, remaining_s, units_s
+from harness.bench.estimate import Weights, remaining_s, units_s
+from harness.bench.planned import budget_record, covers_line, dry_run as print_dry_run, estimate_line, \
+    fit_new_run, plan_line
 from harness.bench.probe import Figures
 from harness.bench.prepare import check_out, models_info, preflight, prepare_calibrations, same_models, same_prompts
 from harness.bench.rounds import next_round, open_categories
@@ -81,7 +82,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
     idle = noise.idle_check(params.busy_threshold, allow_busy)  # before anything is timed, calibration included
     figures = Figures()  # each model's probe, timed once, and the prompts' lengths: what the estimates start from
     if not resume:
-        fitted = _fit(params, skipped, figures)
+        fitted = fit_new_run(params, skipped, figures)
         if fitted.cuts:  # the run as cut to fit its budget
             params, first = fitted.params, first_round(fitted.params)
             instances, pool = expand(params), prompt_pool(params) if params.until_confident else first
@@ -92,7 +93,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             click.echo("prompt cache: for one request at a time only; with several, a prompt's evaluation stalls the "
                        "others' steps, which their throughput measures", err=True)
         if dry_run:
-            _dry_run(instances, skipped, first, params, fitted, figures)
+            print_dry_run(instances, skipped, first, params, fitted, figures)
             return None
         run_dir = new_run_dir(out_root / RUNS_DIR)
         locks.append(lock_run(run_dir))
@@ -106,8 +107,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
                 "idle_check": idle,
                 "models": models_info({i.target for i in instances} | {str(i.draft) for i in instances
                                                                           if not i.baseline}),
-                "budget": fitted.record() | {"parts_s": {k: round(s, 1) for k, s in  # beside took_s, once it ran
-                                                         _new_run_parts(params, skipped, figures).items()}}}
+                "budget": budget_record(fitted, skipped, figures)}
         write_plan(run_dir, plan)
     if resume:
         plan["idle_check"] = idle  # what the report says of the machine before this invocation's measurements
@@ -141,11 +141,12 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             else:
                 todo.append((i, r, [by_id[x] for x in ids]))
     click.echo(f"run directory: {run_dir}", err=True)
-    click.echo(_plan_line(instances, skipped, first, params, len(todo), not resume), err=True)
+    click.echo(plan_line(instances, skipped, first, params, len(todo), not resume), err=True)
+    click.echo(covers_line(instances, first, params), err=True)
     est = remaining_s(todo, instances, skipped, first, params, run_dir, plan, figures) if resume \
         else fitted.estimate_after_s
     calibrated = resume and (run_dir / "calibration").is_dir() and any((run_dir / "calibration").iterdir())
-    click.echo(_estimate_line(est, params, "the calibrations and probes" if calibrated else figures.source()), err=True)
+    click.echo(estimate_line(est, params, "the calibrations and probes" if calibrated else figures.source()), err=True)
     took: dict[str, float] = {}  # this invocation's seconds per part, as the estimate names its parts
     weights = Weights(params, figures)
 
@@ -163,9 +164,12 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         parts = list((plan.get("budget") or {}).get("parts_s") or {})
         rest = parts[parts.index(after) + 1:] if after in parts else []
         return params.budget_min * 60 - (time.monotonic() - started) - sum(plan["budget"]["parts_s"][k] for k in rest)
+    def unit_took(inst: Instance, s: float) -> None:  # the plain baselines are the evidence, apart from the rest
+        name = "evidence" if inst.baseline else "units"
+        took[name] = took.get(name, 0.0) + s
     try:
-        part("units", run_units, todo, params, run_dir, weights)
-        part("units", retime_busy, todo, params, run_dir, weights, lambda: left_s("units"))
+        run_units(todo, params, run_dir, weights, took=unit_took)
+        retime_busy(todo, params, run_dir, weights, lambda: left_s("units"), took=unit_took)
         if params.replay:
             part("replay", run_replays, instances, skipped, first, params, run_dir, weights)
             part("replay", retime_busy_replays, instances, skipped, first, params, run_dir, weights,
@@ -215,7 +219,7 @@ def _timed_subset(instances: list[Instance], skipped: dict, first: list, params:
     """The configurations the replay's predictions chose (bench.subset), timed on each category's first prompts."""
     from harness.bench.subset import choose
     plan["timed"], plan["timed_in_sample"] = choose(run_dir, [i for i in instances if i.id not in skipped], first,
-                                                    params.timed_subset)
+                                                    params.timed_subset, params.timed_scope)
     write_plan(run_dir, plan)
     click.echo(f"timed subset from the replay: {len(plan['timed'])} configuration(s)", err=True)
     units = [(i, 0, [by_id[x] for x in plan["timed"][i.id]]) for i in instances if i.id in plan["timed"]]
@@ -250,58 +254,6 @@ def _target_fidelity(params: Params, prompts: list, run_dir: Path) -> None:
         click.echo(f"no fidelity figures: {e}", err=True)
         rows = []
     out.write_text(json.dumps(rows, indent=1))
-
-
-def _first_pass(instances: list[Instance], skipped: dict, params: Params) -> list[Instance]:
-    """What a new run runs before its replay: every configuration, or with a timed subset the baselines alone."""
-    return [i for i in instances if i.id not in skipped and (i.baseline or not params.timed_subset)]
-
-
-def _fit(params: Params, skipped: dict, figures: Figures) -> Fit:
-    """A new run's parameters cut to fit its budget (bench.budget), estimated as a resumed run's remainder is."""
-    pool = prompt_pool(params)
-    return fit(params, lambda p: sum(_new_run_parts(p, skipped, figures).values()),
-               max(Counter(p.category for p in pool).values()), max(p.max_tokens for p in pool))
-
-
-def _new_run_parts(p: Params, skipped: dict, figures: Figures) -> dict[str, float]:
-    """A new run's estimate by part (estimate.remaining_parts)."""
-    prompts = first_round(p)
-    instances = expand(p)
-    todo = [(i, 0, prompts) for i in _first_pass(instances, skipped, p)]
-    return remaining_parts(todo, instances, skipped, prompts, p, None, {}, figures)
-
-
-def _plan_line(instances: list[Instance], skipped: dict, prompts: list, params: Params, units: int,
-               new: bool = True) -> str:
-    """The run's shape; for a new run, with what follows its first units."""
-    from harness.bench.replay import proposers
-    line = (f"{len(instances)} configurations x {len(prompts)} prompts x {params.repeat} repeat(s); "
-            f"{units} unit(s) to run")
-    if params.replay and new:
-        bases = sum(1 for i in instances if i.baseline and i.id not in skipped)
-        names = ", ".join(map(str, proposers(instances, params)))
-        line += (f", then the replay of {bases} baseline(s) through {names} up "
-                 f"to gamma {params.replay_gamma}")
-    if params.timed_subset and new:
-        line += (", then a timed subset (each proposer's predicted best gamma and gamma 1) on each category's first "
-                 f"{params.timed_subset} prompt(s)")
-    return line
-
-
-def _estimate_line(est_s: float, params: Params, source: str) -> str:
-    return (f"estimated time: about {est_s / 60:.1f} min (from {source}"
-            + ("; more if --until-confident adds prompts" if params.until_confident else "") + ")")
-
-
-def _dry_run(instances: list[Instance], skipped: dict, prompts: list, params: Params, fitted: Fit,
-             figures: Figures) -> None:
-    click.echo(_plan_line(instances, skipped, prompts, params, len(_first_pass(instances, skipped, params))),
-               err=True)
-    parts = ", ".join(f"{k} {s / 60:.1f} min" for k, s in _new_run_parts(params, skipped, figures).items())
-    click.echo(f"{_estimate_line(fitted.estimate_after_s, params, figures.source())}: {parts}", err=True)
-    click.echo(f"dry run: each model's probe for the estimate ({figures.describe()}); nothing else ran, and no run "
-               "directory was made", err=True)
 
 
 def spent_s(run_dir: Path) -> float:

@@ -28,8 +28,12 @@ def asked_share(inst: Instance, server: bool = False) -> float | None:
     return min(1.0, EngineConfig(threads=inst.threads).resolved_threads() / (psutil.cpu_count() or 1))
 
 
-def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights, noise_to: Path | None = None) -> None:
-    """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl)."""
+def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights, noise_to: Path | None = None,
+              took: Callable[[Instance, float], None] | None = None) -> None:
+    """Each unit in its own worker, the machine's foreign load sampled while it runs (into noise.jsonl); took, if
+    given, is told each unit's configuration and seconds once it ends (or is interrupted)."""
+    import time
+
     from harness.bench.progress import Progress, timed_watch
     from harness.bench.serverunit import run_server_unit
     from harness.bench.worker import run_in_worker
@@ -38,11 +42,16 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights
             f" ({inst.setup})" if inst.setup else "")
         title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {inst.policy.label}"
         watch = timed_watch(run_dir, unit_id(inst.id, r), params.paired and not inst.baseline)
-        with noise.Sampler(params.busy_threshold, asked_share(inst, params.engine == "server")) as sampler, \
-                Progress(title, len(prompts) * params.repeat, watch, weights=weights.unit(inst, prompts)):
-            res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch) \
-                if params.engine != "server" else run_server_unit(inst, r, prompts, params, run_dir,
-                                                                  on_start=sampler.meter.watch)
+        t0 = time.monotonic()
+        try:
+            with noise.Sampler(params.busy_threshold, asked_share(inst, params.engine == "server")) as sampler, \
+                    Progress(title, len(prompts) * params.repeat, watch, weights=weights.unit(inst, prompts)):
+                res = run_in_worker(inst, r, prompts, params, run_dir, on_start=sampler.meter.watch) \
+                    if params.engine != "server" else run_server_unit(inst, r, prompts, params, run_dir,
+                                                                      on_start=sampler.meter.watch)
+        finally:
+            if took:
+                took(inst, time.monotonic() - t0)
         rec = sampler.summary()
         label = f"drift/{inst.id}" if noise_to else unit_id(inst.id, r)  # the drift check feeds no verdict
         record_noise(noise_to or run_dir, {"unit": label, "config": None if noise_to else inst.id, "round": r} | rec)
@@ -56,14 +65,14 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights
 
 
 def retime_busy(units: list[Unit], params: Params, run_dir: Path, weights: Weights,
-                left_s: Callable[[], float | None]) -> None:
+                left_s: Callable[[], float | None], took: Callable[[Instance, float], None] | None = None) -> None:
     """The units of a pass that ran busy, measured once more at its end (a spell of foreign load passes; the new
     rows replace the old), where that fits in the budget: left_s(), the seconds it leaves beyond the rest of the
     run's estimate (None: no budget). A unit busy again, or not measured again, stays marked, and no verdict
-    rests on it."""
+    rests on it. took: as run_units'."""
     ids = noise.busy_units(run_dir, [unit_id(i.id, r) for i, r, _ in units])
     if ids and _fits(ids, finished(run_dir), left_s(), run_dir):
-        run_units([x for x in units if unit_id(x[0].id, x[1]) in ids], params, run_dir, weights)
+        run_units([x for x in units if unit_id(x[0].id, x[1]) in ids], params, run_dir, weights, took=took)
 
 
 def retime_busy_replays(instances: list[Instance], skipped: dict, prompts: list, params: Params, run_dir: Path,

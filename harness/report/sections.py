@@ -214,7 +214,8 @@ def until_confident(plan: dict, verdicts: pl.DataFrame | None) -> list[str]:
 
 BUDGET_LABELS = {"max_tokens": "max tokens", "replay_gamma": "replay gamma", "gamma": "gammas",
                  "timed_subset": "timed subset", "per_category": "prompts per category",
-                 "also": "further sweeps", "temp": "temperatures"}
+                 "also": "further sweeps", "temp": "temperatures", "timed_scope": "timed subset's configurations",
+                 "server_check": "llama-server check prompts"}
 
 
 def budget_line(rec: dict | None, took: dict | None = None) -> str | None:
@@ -231,12 +232,19 @@ def budget_line(rec: dict | None, took: dict | None = None) -> str | None:
         return head + ("" if rec["fits"] else ", and nothing can be cut: running anyway") + ran
     said = [[",".join(map(str, v)) if isinstance(v, list) else str(v) for v in (c["before"], c["after"])]
             for c in rec["cuts"]]
-    cuts = ", ".join(f"the further sweeps ({'; '.join(c['before'])}: {c['hint']})" if c["param"] == "also" else
-                     f"{BUDGET_LABELS[c['param']]} {a} -> {b} (the further sweeps kept: {c['hint']})"
-                     if c["param"] == "temp" else f"{BUDGET_LABELS[c['param']]} {a} -> {b}"
-                     for c, (a, b) in zip(rec["cuts"], said))
+    cuts = ", ".join(_budget_cut(c, a, b) for c, (a, b) in zip(rec["cuts"], said))
     return (f"{head}; cut {cuts}: now about {now:.1f} min" if rec["fits"] else
             f"{head}; cut {cuts}: still about {now:.1f} min, and nothing more can be cut: running anyway") + ran
+
+
+def _budget_cut(c: dict, was: str, now: str) -> str:
+    """One cut of budget_line, with the budget that would keep what it cut where the cut says."""
+    if c["param"] == "also":
+        return f"the further sweeps ({'; '.join(x for x in c['before'] if x not in c['after'])}: {c['hint']})"
+    if not c.get("hint"):
+        return f"{BUDGET_LABELS[c['param']]} {was} -> {now}"
+    kept = "the further sweeps kept: " if c["why"].startswith("the further sweeps kept") else ""  # an older run's
+    return f"{BUDGET_LABELS[c['param']]} {was} -> {now} ({kept}{c['hint']})"
 
 
 def timed_verdicts(v: pl.DataFrame | None) -> list[str]:
