@@ -104,8 +104,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
                 "pool_sizes": dict(Counter(p.category for p in pool)),  # the looks' spending runs to these
                 "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time(),
                 "idle_check": idle,
-                "models": models_info({i.target for i in instances} | {str(i.draft) for i in instances
-                                                                          if not i.baseline}),
+                "models": models_info({str(i.draft) for i in instances if not i.baseline},
+                                      targets={i.target for i in instances}),
                 "budget": fitted.record() | {"parts_s": {k: round(s, 1) for k, s in  # beside took_s, once it ran
                                                          _new_run_parts(params, skipped, figures).items()}}}
         write_plan(run_dir, plan)
