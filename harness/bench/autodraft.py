@@ -29,7 +29,7 @@ def with_drafts(profile: str | None, opts: dict, roots: list[Path] | None = None
     targets = [t for t in str(opts["target"]).split(",") if t]
     parallel = any(x.strip().isdigit() and int(x) > 1 for x in str(opts.get("parallel") or "1").split(","))
     unfit = "--parallel" if parallel else None  # plan refuses the type there
-    drafts, lines = pick(targets, roots, unfit)
+    drafts, lines = pick(targets, roots, unfit, lookup=opts.get("engine") != "server")
     out = opts | {"draft": drafts}
     if opts.get("budget_min") is None:
         out["budget_min"] = BUDGET_MIN
@@ -38,12 +38,14 @@ def with_drafts(profile: str | None, opts: dict, roots: list[Path] | None = None
     return out
 
 
-def pick(targets: list[str], roots: list[Path] | None = None, unfit: str | None = None) -> tuple[list[str], list[str]]:
+def pick(targets: list[str], roots: list[Path] | None = None, unfit: str | None = None,
+         lookup: bool = True) -> tuple[list[str], list[str]]:
     """(the drafts for bench: the draft models' refs, then LOOKUP and LLAMA_TYPE; the lines saying why). A draft
     model must pass the harness's alignment check against every target; ranked as `harness drafts` ranks
     (llama.cpp's rule first), the best MODELS at most FASTER_RATIO of the targets' size, else the best one of any
     size. roots: where to look (default: each target's folder and drafts.default_roots). unfit: the option that
-    leaves LLAMA_TYPE out (llama.cpp's n-gram types are not served to several requests yet)."""
+    leaves LLAMA_TYPE out (llama.cpp's n-gram types are not served to several requests yet). lookup: False leaves
+    LOOKUP out (--engine server: llama-server has no such lookup)."""
     from harness.align import check_pair
     from harness.models.catalog import require_present, resolve
     models = [resolve(t) for t in targets]
@@ -71,7 +73,8 @@ def pick(targets: list[str], roots: list[Path] | None = None, unfit: str | None 
         found = sum(len(s["candidates"]) for s in surveys)
         lines.append(f"  no draft model: none of the {found} GGUFs in {folders} passes the harness's alignment check "
                      "and runs in its loop, so the model-free proposers only")
-    lines += [f"  {LOOKUP}: the harness's prompt lookup (model-free)",
+    lines += [f"  {LOOKUP}: the harness's prompt lookup (model-free)" + ("" if lookup else ": left out, as "
+                                                                         "llama-server (--engine server) lacks it"),
               f"  {LLAMA_TYPE}: llama.cpp's ngram-mod (model-free), its n-max cut from 64 to 16 for a CPU" +
               (f": left out, as {unfit} does not take llama.cpp's n-gram types yet" if unfit else "")]
-    return [c["ref"] for c in chosen] + [LOOKUP] + [LLAMA_TYPE] * (not unfit), lines
+    return [c["ref"] for c in chosen] + [LOOKUP] * lookup + [LLAMA_TYPE] * (not unfit), lines
