@@ -132,6 +132,14 @@ def drafts(target, paths, as_json):
     say(drafts_command(target, list(paths), as_json, check_pair))
 
 
+def server_timeouts(f, default: bool = True):  # crosscheck's, server-check's and bench's (None: the plan's)
+    f = click.option("--request-timeout", type=float, default=600.0 if default else None, show_default=default,
+                     help="Seconds llama-server may take per request" + ("." if default else " (default 600)."))(f)
+    return click.option("--start-timeout", type=float, default=300.0 if default else None, show_default=default,
+                        help="Seconds llama-server may take to load its models and answer /health"
+                             + ("." if default else " (default 300)."))(f)
+
+
 @cli.command(cls=Sectioned, rest="Advanced options (docs/usage.md)", first=(  # --help's first screen
     "profile", "target", "draft", "gamma", "temp", "ngl", "ngl_draft", "threads", "categories", "per_category",
     "max_tokens", "budget_min", "out", "resume", "dry_run"))
@@ -204,6 +212,7 @@ def drafts(target, paths, as_json):
 @click.option("--llama-server", help="What --engine server and --server-check run (default: make native's).")
 @click.option("--server-check", type=int, help="Run each answer's configuration in llama-server too (its own type and "
               "flags, speculative and plain), on the category's first N prompts.")
+@lambda f: server_timeouts(f, default=False)
 @click.option("--dry-run", is_flag=True, help="Print the plan, the time estimate and what the budget cut, then stop "
                                               "(probes each model's prompt and decode costs; runs nothing else).")
 def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_run, **opts):
@@ -347,12 +356,6 @@ def predict(run_dir, cal_paths, against, out):
     """RUN_DIR's replayed acceptance with another machine's calibrated costs: that machine's predicted verdicts."""
     from harness.compare.predict import predict_command
     say(str(predict_command(run_dir, list(cal_paths), against, out)))
-
-
-def server_timeouts(f):  # crosscheck's and server-check's
-    f = click.option("--request-timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")(f)
-    return click.option("--start-timeout", type=float, default=300.0, show_default=True,
-                        help="Seconds a server may take to load its models and answer /health.")(f)
 
 
 @cli.command()
