@@ -133,11 +133,11 @@ def drafts(target, paths, as_json):
 
 
 def server_timeouts(f, default: bool = True):  # crosscheck's, server-check's and bench's (None: the plan's)
-    f = click.option("--request-timeout", type=float, default=600.0 if default else None, show_default=default,
-                     help="Seconds llama-server may take per request" + ("." if default else " (default 600)."))(f)
-    return click.option("--start-timeout", type=float, default=300.0 if default else None, show_default=default,
-                        help="Seconds llama-server may take to load its models and answer /health"
-                             + ("." if default else " (default 300)."))(f)
+    for name, s, what in (("--request-timeout", 600.0, "per request"), ("--start-timeout", 300.0, "to load its models "
+                          "and answer /health")):
+        f = click.option(name, type=float, default=s if default else None, show_default=default,
+                         help=f"Seconds llama-server may take {what}" + ("." if default else f" (default {s:g})."))(f)
+    return f
 
 
 @cli.command(cls=Sectioned, rest="Advanced options (docs/usage.md)", first=(  # --help's first screen
@@ -219,7 +219,7 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_ru
     """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
     from pathlib import Path
 
-    from harness.bench.autodraft import with_drafts
+    from harness.bench.autodraft import owning_picks, with_drafts
     from harness.bench.prepare import out_dir
     from harness.bench.run import command_line, run_bench
     from harness.plan import Params, first_round, load_profile, make_params
@@ -245,8 +245,10 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_ru
         return
     if rerun_busy:
         raise HarnessError("--rerun-busy measures again what a run measured on a busy machine: give --resume RUN_DIR")
-    params = make_params(load_profile(profile) if profile else {}, with_drafts(profile, opts))
-    run_bench(params, first_round(params), out_dir(out), None, skip_unsupported, command, allow_busy, dry_run=dry_run)
+    with owning_picks(opts, picked := with_drafts(profile, opts)):  # a refusal over a picked draft says so
+        params = make_params(load_profile(profile) if profile else {}, picked)
+        run_bench(params, first_round(params), out_dir(out), None, skip_unsupported, command, allow_busy,
+                  dry_run=dry_run)
 
 
 @cli.command()

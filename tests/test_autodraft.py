@@ -116,3 +116,16 @@ def test_engine_server_picks_no_harness_lookup(folder, capsys):  # case 125
                       [folder / "none"])
     assert got["draft"] == [LLAMA_TYPE]
     assert "left out, as llama-server (--engine server) lacks it" in capsys.readouterr().err
+
+
+def test_a_refusal_over_a_picked_draft_says_it_was_picked(folder):  # case 128
+    from harness.bench.autodraft import owning_picks
+    from harness.errors import HarnessError
+    given = {"target": "t", "draft": None}
+    picked = given | {"draft": [str(folder / "all" / "small.gguf"), *FREE]}
+    with pytest.raises(HarnessError) as e, owning_picks(given, picked):
+        raise HarnessError(f"model 'small' at {folder / 'all' / 'small.gguf'} failed to load")
+    assert "was picked as a draft for you, not named: choose the drafts with --draft" in str(e.value)
+    with pytest.raises(HarnessError) as e, owning_picks(given, given):  # nothing picked: the refusal as it was
+        raise HarnessError("model 'small' failed to load")
+    assert "picked" not in str(e.value)

@@ -4,10 +4,12 @@ finds them (models.drafts.survey: the target's own folder and the usual places, 
 alignment check, size), and the model-free proposers; the reasons on stderr."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
 
+from harness.errors import HarnessError
 from harness.models.arch import refusal
 from harness.models.drafts import FASTER_RATIO, default_roots, survey
 
@@ -36,6 +38,21 @@ def with_drafts(profile: str | None, opts: dict, roots: list[Path] | None = None
         lines.append(f"  budget: {BUDGET_MIN:g} minutes, the run cut to fit (--budget-min to change it)")
     print("\n".join(lines), file=sys.stderr, flush=True)
     return out
+
+
+@contextlib.contextmanager
+def owning_picks(given: dict, opts: dict):
+    """A refusal over a draft model picked here (opts, from with_drafts; given: the user's options) says that it was
+    picked, not named, and how to choose instead."""
+    picked = [] if opts is given else [d for d in opts.get("draft") or [] if d not in (LOOKUP, LLAMA_TYPE)]
+    try:
+        yield
+    except HarnessError as e:
+        hit = next((d for d in picked if d in str(e) or Path(d).stem in str(e)), None)
+        if hit is None:
+            raise
+        raise HarnessError(f"{e} ({hit} was picked as a draft for you, not named: choose the drafts with --draft, "
+                           f"e.g. --draft {LOOKUP})", e.exit_code) from None
 
 
 def pick(targets: list[str], roots: list[Path] | None = None, unfit: str | None = None,

@@ -28,8 +28,8 @@ from harness.plan import Params, expand, first_round, prompt_pool
 from harness.report import write_reports
 from harness.report.sections import budget_line
 from harness.report.tables import compute
-from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, cache_dir, drop_unreadable, finished,
-                            lock_run, new_run_dir, noise_records, plan_rounds, read_plan, record_noise,
+from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, cache_dir, discard_run_dir, drop_unreadable,
+                            finished, lock_run, new_run_dir, noise_records, plan_rounds, read_plan, record_noise,
                             record_result, repair_results, traces_missing, unit_id, write_plan)
 
 
@@ -118,7 +118,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             prepare_calibrations([i for i in instances if i.id not in skipped], run_dir, params.calibrate)
         except HarnessError:
             if not resume:
-                shutil.rmtree(run_dir)  # nothing ran: leave no empty run behind
+                discard_run_dir(run_dir)  # nothing ran: leave no empty run behind, nor `latest` pointing at it
             raise
     done = {u: r for u, r in finished(run_dir).items()  # a finished unit whose trace is gone runs again
             if not traces_missing(run_dir, r, params.paired)}
