@@ -132,6 +132,14 @@ def drafts(target, paths, as_json):
     say(drafts_command(target, list(paths), as_json, check_pair))
 
 
+def server_timeouts(f, default: bool = True):  # crosscheck's, server-check's and bench's (None: the plan's)
+    for name, s, what in (("--request-timeout", 600.0, "per request"), ("--start-timeout", 300.0, "to load its models "
+                          "and answer /health")):
+        f = click.option(name, type=float, default=s if default else None, show_default=default,
+                         help=f"Seconds llama-server may take {what}" + ("." if default else f" (default {s:g})."))(f)
+    return f
+
+
 @cli.command(cls=Sectioned, rest="Advanced options (docs/usage.md)", first=(  # --help's first screen
     "profile", "target", "draft", "gamma", "temp", "ngl", "ngl_draft", "threads", "categories", "per_category",
     "max_tokens", "budget_min", "out", "resume", "dry_run"))
@@ -205,13 +213,14 @@ def drafts(target, paths, as_json):
 @click.option("--llama-server", help="What --engine server and --server-check run (default: make native's).")
 @click.option("--server-check", type=int, help="Run each answer's configuration in llama-server too (its own type and "
               "flags, speculative and plain), on the category's first N prompts.")
+@lambda f: server_timeouts(f, default=False)
 @click.option("--dry-run", is_flag=True, help="Print the plan, the time estimate and what the budget cut, then stop "
                                               "(probes each model's prompt and decode costs; runs nothing else).")
 def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_run, **opts):
     """Sweep drafts, gamma, sampling and offload per prompt category; write traces and a report."""
     from pathlib import Path
 
-    from harness.bench.autodraft import with_drafts
+    from harness.bench.autodraft import owning_picks, with_drafts
     from harness.bench.prepare import out_dir
     from harness.bench.run import command_line, run_bench
     from harness.plan import Params, first_round, load_profile, make_params
@@ -237,8 +246,10 @@ def bench(profile, out, resume, skip_unsupported, allow_busy, rerun_busy, dry_ru
         return
     if rerun_busy:
         raise HarnessError("--rerun-busy measures again what a run measured on a busy machine: give --resume RUN_DIR")
-    params = make_params(load_profile(profile) if profile else {}, with_drafts(profile, opts))
-    run_bench(params, first_round(params), out_dir(out), None, skip_unsupported, command, allow_busy, dry_run=dry_run)
+    with owning_picks(opts, picked := with_drafts(profile, opts)):  # a refusal over a picked draft says so
+        params = make_params(load_profile(profile) if profile else {}, picked)
+        run_bench(params, first_round(params), out_dir(out), None, skip_unsupported, command, allow_busy,
+                  dry_run=dry_run)
 
 
 @cli.command()
@@ -348,12 +359,6 @@ def predict(run_dir, cal_paths, against, out):
     """RUN_DIR's replayed acceptance with another machine's calibrated costs: that machine's predicted verdicts."""
     from harness.compare.predict import predict_command
     say(str(predict_command(run_dir, list(cal_paths), against, out)))
-
-
-def server_timeouts(f):  # crosscheck's and server-check's
-    f = click.option("--request-timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")(f)
-    return click.option("--start-timeout", type=float, default=300.0, show_default=True,
-                        help="Seconds a server may take to load its models and answer /health.")(f)
 
 
 @cli.command()

@@ -24,7 +24,8 @@ LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl
              "flash_attn", "ubatch", "parallel", "kv_unified")
 SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
                "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset",
-               "timed_scope", "min_gain", "prompt_cache", "also", "engine", "llama_server", "server_check")
+               "timed_scope", "min_gain", "prompt_cache", "also", "engine", "llama_server", "server_check",
+               "start_timeout", "request_timeout")
 # the timed subset: every proposer's predicted best gamma and gamma 1 per category and policy (and each answer's
 # configuration), or each answer's configuration alone (bench.subset.choose)
 TIMED_SCOPES = ("proposers", "answers")
@@ -81,6 +82,8 @@ class Params:
     engine: str = "harness"  # ENGINES
     llama_server: str = ""  # with engine server: the llama-server to run ("": make native's, binary.find)
     server_check: int = 0  # each answer's configuration run in llama-server on its category's first N prompts
+    start_timeout: float = 300.0  # seconds a llama-server may take to answer /health (--engine server, --server-check)
+    request_timeout: float = 600.0  # ...and to answer a request
 
     def __post_init__(self):
         # the one place drafts and gammas are read: every Params holds them typed
@@ -122,7 +125,7 @@ SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": i
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
                 "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int,
                 "timed_scope": str, "min_gain": (int, float), "prompt_cache": bool, "also": list, "engine": str,
-                "llama_server": str, "server_check": int}
+                "llama_server": str, "server_check": int, "start_timeout": (int, float), "request_timeout": (int, float)}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:
@@ -194,6 +197,12 @@ def check(p: Params) -> None:
     if p.server_check < 0 or (p.server_check and p.engine == "server"):
         raise HarnessError("--server-check N (N >= 1 prompts per category) runs each answer in llama-server after the "
                            "harness's own measurements; with --engine server they are llama-server's already")
+    for key in ("start_timeout", "request_timeout"):
+        name, v = "--" + key.replace("_", "-"), getattr(p, key)
+        if v <= 0:
+            raise HarnessError(f"{name} must be a number of seconds above 0, got {v:g}")
+        if v != getattr(Params, key) and p.engine != "server" and not p.server_check:
+            raise HarnessError(f"{name} bounds a llama-server's wait: give --engine server or --server-check with it")
     if p.timed_subset < 0 or (p.timed_subset and not p.replay):
         raise HarnessError("--timed-subset N (N >= 1 prompts per category) times what the replay chose: give --replay")
     if p.timed_scope not in TIMED_SCOPES:

@@ -77,7 +77,12 @@ def run_isolated(target, *args, on_start=None) -> int:
     return p.exitcode
 
 
+UNWRITABLE_EXIT = 75  # a worker whose result row the run directory would not take (read-only, full: EX_TEMPFAIL)
+
+
 def death(exitcode: int) -> str:
+    if exitcode == UNWRITABLE_EXIT:
+        return "worker could not write its result to the run directory (read-only or full?)"
     return f"worker died with signal {-exitcode}" if exitcode < 0 else f"worker exited with code {exitcode}"
 
 

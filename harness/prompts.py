@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
 
+MAX_INPUT_BYTES = 512 << 20  # an input file read whole (prompts, profiles): larger ones are refused
 CATEGORIES = ("code", "multilingual", "creative", "domain", "grounded", "long_context")
 
 
@@ -42,6 +44,8 @@ class Prompt:
 
 # ShareGPT's speakers ("from"), as common exports write them, and the chat template's role for each
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+# an OpenAI-style chat's roles, which chat templates know; any other reaches the template verbatim
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def _parse(line: str, where: str, stem: str, n: int) -> Prompt:
@@ -106,10 +110,13 @@ def _conversation(d: dict, where: str) -> tuple[tuple[str, str], ...]:
         for name, v in ((role_key, role), (text_key, content)):
             if not isinstance(v, str):
                 raise HarnessError(f"{where}: {turn} {k}'s '{name}' must be a string, got {json.dumps(v)}")
+        known = SHAREGPT_ROLES if sharegpt else CHAT_ROLES
+        if role not in known:
+            alike = role.lower() if sharegpt else SHAREGPT_ROLES.get(role.lower())  # 'Human', 'human', 'gpt'
+            hint = f" (write {json.dumps(alike)})" if alike in known else ""
+            raise HarnessError(f"{where}: {turn} {k}'s {role_key} {json.dumps(role)} is not one this reads{hint}; "
+                               f"the known ones: {', '.join(known)}")
         if sharegpt:
-            if role not in SHAREGPT_ROLES:
-                raise HarnessError(f"{where}: turn {k} is from {json.dumps(role)}; ShareGPT's speakers are "
-                                   f"{', '.join(SHAREGPT_ROLES)}")
             role = SHAREGPT_ROLES[role]
         out.append((role, content))
     system = d.get("system") if sharegpt else None  # LLaMA-Factory's ShareGPT keeps the system prompt beside
@@ -139,11 +146,17 @@ def read_text(path: Path, what: str) -> str:
     if path.is_dir():
         raise HarnessError(f"{what} {path} is a directory: name a file")
     try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read for ever, a device never end
+            raise HarnessError(f"{what} {path} is not a regular file (a FIFO or device): save it as a file")
+        if st.st_size > MAX_INPUT_BYTES:
+            raise HarnessError(f"{what} {path} has {st.st_size / 2**20:.0f} MiB, above the {MAX_INPUT_BYTES >> 20} "
+                               "MiB read here: keep the prompts you need in a smaller file")
         data = path.read_bytes()
     except OSError as e:
         raise HarnessError(f"cannot read {what} {path}: {e.strerror or e}") from None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")  # a BOM (Windows editors write one) is no text
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise HarnessError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x}): save the {what} as "
@@ -176,11 +189,7 @@ def load_file(path: Path) -> list[Prompt]:
     text = read_text(path, "prompt file")
     _refuse_nul(path, text)
     out = []
-    if text.lstrip().startswith("["):
-        try:
-            entries = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise HarnessError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if (entries := _document(path, text)) is not None:
         for n, d in enumerate(entries, 1):
             where = f"{path}: entry {n}"
             if not isinstance(d, dict):
@@ -195,12 +204,39 @@ def load_file(path: Path) -> list[Prompt]:
     return out
 
 
+def _document(path: Path, text: str) -> list | None:
+    """The entries of a file that is one JSON document: a list (ShareGPT's export), a {"data": [...]} wrapper, or one
+    conversation pretty-printed over several lines; None for JSON lines."""
+    start = text.lstrip()[:1]
+    if start not in ("[", "{"):
+        return None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        if start == "[":
+            raise HarnessError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        return None  # JSON lines, each read (and refused) on its own
+    if isinstance(doc, dict) and isinstance(doc.get("data"), list) and \
+            not {"messages", "conversations", "text"} & set(doc):
+        return doc["data"]  # a dataset export's wrapper
+    if isinstance(doc, dict) and len([x for x in _lines(text) if x.strip()]) > 1:
+        return [doc]  # one conversation, pretty-printed
+    if isinstance(doc, list):
+        return doc
+    return None
+
+
 def load(categories: list[str] | None = None, paths: list[Path] | None = None, per_category: int = 0) -> list[Prompt]:
     """Prompts from explicit files, or from prompts/<category>.jsonl; the first per_category of each (0 = all)."""
     categories = list(dict.fromkeys(categories or []))  # a category or file given twice is read once
+    source: dict[int, Path] = {}  # id(prompt) -> its file, for a duplicate id's line
     if paths:
         paths = list({Path(p).resolve(): Path(p) for p in paths}.values())
-        prompts = [p for path in paths for p in load_file(path)]
+        prompts = []
+        for path in paths:
+            for p in load_file(path):
+                prompts.append(p)
+                source[id(p)] = path
     else:
         cats = categories or list(CATEGORIES)
         d = prompts_dir()
@@ -222,11 +258,14 @@ def load(categories: list[str] | None = None, paths: list[Path] | None = None, p
             raise HarnessError(f"--categories {', '.join(missing)}: not in the prompt files "
                                f"{', '.join(str(x) for x in paths)} (they hold: {', '.join(held)})")
         prompts = [p for p in prompts if p.category in categories]
-    seen = set()
+    seen: dict[str, Prompt] = {}
     for p in prompts:
         if p.id in seen:
-            raise HarnessError(f"duplicate prompt id '{p.id}'")
-        seen.add(p.id)
+            files = list(dict.fromkeys(str(source[id(x)]) for x in (seen[p.id], p) if id(x) in source))
+            where = f" (in {' and '.join(files)})" if files else ""
+            raise HarnessError(f"duplicate prompt id '{p.id}'{where}: give the prompts ids of their own, or rename a "
+                               "file (an id left out is the file's name and the line's number)")
+        seen[p.id] = p
     if per_category:
         counts: dict[str, int] = {}
         kept = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -50,14 +51,30 @@ def new_run_dir(root: Path) -> Path:
         except OSError as e:
             raise HarnessError(f"cannot create the run directory {d}: {e.strerror}; choose a writable --out") from None
         break
+    _point_latest(root, d.name)
+    return d
+
+
+def _point_latest(root: Path, name: str | None) -> None:
     latest = root / "latest"
     try:
         if latest.is_symlink() or latest.exists():
             latest.unlink()
-        latest.symlink_to(d.name)
+        if name:
+            latest.symlink_to(name)
     except OSError:
         pass  # a convenience link only
-    return d
+
+
+def discard_run_dir(d: Path) -> None:
+    """A new run refused before anything ran: its directory goes, and `latest` points back at the newest run
+    left (or goes), not at the stub."""
+    import shutil
+    shutil.rmtree(d)
+    root = d.parent
+    if os.path.realpath(root / "latest") == os.path.realpath(d) or not (root / "latest").exists():
+        runs = sorted(x.name for x in root.iterdir() if x.name != "latest" and (x / "plan.json").is_file())
+        _point_latest(root, runs[-1] if runs else None)
 
 
 LOCK_FILE = ".lock"

@@ -8,6 +8,7 @@ plan refuses them outside --engine server."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.errors import HarnessError
 
@@ -209,8 +210,57 @@ def _parse_server_type(text: str) -> ServerType:
     return ServerType(kind, head or None)
 
 
-def _parse_combined(text: str) -> Combined:
-    parts = [parse_draft(x) for x in text.split("+")]
+def _names_type(piece: str) -> bool:
+    """A '+' list's piece that starts one of the spec kinds (a llama.cpp type, the lookup, none), not a path."""
+    head = piece.split(":")[0]
+    return head in LLAMA_NGRAM or head in HEADS or head in (NONE, "ngram", "draft-simple", "draft-dspark")
+
+
+def _is_file(piece: str) -> bool:
+    head, colon, rest = piece.partition(":")
+    path = rest if colon and head in HEADS else piece  # a head's file after its type
+    try:
+        return Path(path).expanduser().is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _path_end(pieces: list[str], i: int) -> int:
+    """Where the part starting at pieces[i] ends: a type without a file is one piece; a path (a model's, a head's)
+    runs over the '+' its name holds: to the longest run naming a file on disk, else to the first piece ending in
+    .gguf before another type."""
+    if _names_type(pieces[i]) and not (pieces[i].split(":")[0] in HEADS and ":" in pieces[i]):
+        return i + 1
+    for j in range(len(pieces), i + 1, -1):
+        if _is_file("+".join(pieces[i:j])):
+            return j
+    for j in range(i + 1, len(pieces) + 1):
+        if j > i + 1 and _names_type(pieces[j - 1]):
+            break
+        if "+".join(pieces[i:j]).endswith(".gguf"):
+            return j
+    return i + 1
+
+
+def split_plus(text: str) -> list[str]:
+    """A '+' list's parts; a path keeps the '+' in its name (c++-draft.gguf, smol+q2.gguf), so a text that is one
+    path is one part."""
+    pieces, parts, i = text.split("+"), [], 0
+    while i < len(pieces):
+        j = _path_end(pieces, i)
+        parts.append("+".join(pieces[i:j]))
+        i = j
+    return parts
+
+
+def _parse_combined(text: str, texts: list[str]) -> Combined:
+    if "" in (t.strip() for t in texts):
+        raise HarnessError(f"--draft {text}: a combination has an empty part; join llama.cpp's types with '+', "
+                           "each named (e.g. ngram-mod+MODEL.gguf)")
+    parts = [parse_draft(x) for x in texts]
+    if sum(isinstance(p, DraftModel) for p in parts) > 1:
+        raise HarnessError(f"--draft {text}: one draft model at most in a combination (llama-server has one draft "
+                           "context); a path holding '+' is read whole when the file exists or ends in .gguf")
     for part in parts:
         if part.server_type is None or part.plain or isinstance(part, Combined):
             raise HarnessError(f"--draft {text}: {part} cannot be part of a combination, which takes llama.cpp's "
@@ -271,8 +321,8 @@ def parse_draft(text) -> DraftSpec:
         raise HarnessError(f"--draft: cannot read {text!r} (a model name or path, ngram:N, ngram-mod, or none)")
     if text == NONE:
         return NoDraft()
-    if "+" in text:
-        return _parse_combined(text)
+    if "+" in text and len(texts := split_plus(text)) > 1:
+        return _parse_combined(text, texts)
     head = text.split(":")[0]
     if head in LLAMA_NGRAM:
         return _parse_llama(text)

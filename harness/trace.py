@@ -46,7 +46,7 @@ def append_record(path: Path, record: dict) -> None:
     """Append one JSON line, first ending a line a killed writer left half-written, so that it cannot swallow
     this one (the half line stays unreadable and is skipped; `repair` drops it)."""
     data = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-    with open(path, "a+b") as f:
+    with naming(path), open(path, "a+b") as f:  # a full disk on the write (or the close) names the file
         if f.tell() > 0:
             f.seek(-1, 2)
             if f.read(1) != b"\n":

@@ -3,7 +3,12 @@
 wrapper script the test writes, given as --llama-server), and told what to do by the environment:
 
 - FAKE_SERVER_MODE: ok (default); exit (print an error, exit 3 at once); silent (never answers /health);
-  notimings (answers /completion without timings).
+  notimings (answers /completion without timings); hang (answers /health, never a request); badarg (arg.cpp's
+  error line, then usage text, exit 1); assert (a GGML_ASSERT, then gdb's lines, exit 134).
+- FAKE_SERVER_TOKENS: a JSON value that replaces every response's token ids (a list of strings, a string).
+- FAKE_SERVER_SAYS: a line a speculative server prints as it starts (a complaint about its draft, say).
+- FAKE_SERVER_PLAIN_DRAFTS: a plain server (--spec-type none) reports this many drafted tokens, as one that
+  something outside its command turned speculative would.
 - FAKE_SERVER_SPEEDUP: the speculative server's speedup before the per-prompt factor (default 1.5).
 - FAKE_SERVER_LOG: a file to which each request appends a JSON line (role, argv, the request's body).
 - FAKE_SERVER_TIMINGS: a JSON object whose fields replace those of every response's timings (a server that
@@ -60,7 +65,10 @@ def timings(n_prompt: int, n: int) -> dict:
 
 
 def reported(n_prompt: int, n: int) -> dict:
-    return timings(n_prompt, n) | json.loads(os.environ.get("FAKE_SERVER_TIMINGS", "{}"))
+    t = timings(n_prompt, n)
+    if not SPEC and os.environ.get("FAKE_SERVER_PLAIN_DRAFTS"):
+        t |= {"draft_n": int(os.environ["FAKE_SERVER_PLAIN_DRAFTS"]), "draft_n_accepted": 0}
+    return t | json.loads(os.environ.get("FAKE_SERVER_TIMINGS", "{}"))
 
 
 def count() -> None:
@@ -107,6 +115,10 @@ class Handler(BaseHTTPRequestHandler):
             a, g = t["draft_n_accepted"], t["draft_n"]
             print(f"slot print_timing: id  0 | task 0 | draft acceptance = {a / g:.5f} ({a:5d} accepted / {g:5d} "
                   f"generated), mean len = {1 + a / 3:5.2f}", file=sys.stderr, flush=True)
+        if "FAKE_SERVER_TOKENS" in os.environ:
+            tokens = json.loads(os.environ["FAKE_SERVER_TOKENS"])
+        if os.environ.get("FAKE_SERVER_MODE") == "hang":
+            time.sleep(600)
         if os.environ.get("FAKE_SERVER_MODE") == "notimings":
             return self._send(200, {"content": "x", "tokens": tokens, "stop_type": "limit"})
         self._send(200, {"content": "x", "tokens": tokens, "stop_type": "limit", "timings": t})
@@ -126,16 +138,28 @@ def main():
         return
     unknown = [t for t in TYPES if t not in KNOWN_TYPES]
     if unknown:  # arg.cpp's --spec-type handler throws, and llama-server exits before it listens
-        print(f'error while handling argument "--spec-type": unknown speculative type: {unknown[0]}', file=sys.stderr,
+        print(f'error while handling argument "--spec-type": unknown speculative type: {unknown[0]}\n\nusage:\n'
+              "--spec-type TYPE    the speculative type\n\nto show complete usage, run with -h", file=sys.stderr,
               flush=True)
         sys.exit(1)
     mode = os.environ.get("FAKE_SERVER_MODE", "ok")
+    if mode == "badarg":  # arg.cpp: the error, then the usage text, whose last line is no reason
+        print('error while handling argument "--temp": stof\n\nusage:\n-h,    --help    print usage and exit\n\n'
+              "to show complete usage, run with -h", file=sys.stderr, flush=True)
+        sys.exit(1)
+    if mode == "assert":  # a failed assertion, then the backtrace gdb prints
+        print("load_tensors: loading model\n/llama.cpp/common/speculative.cpp:123: GGML_ASSERT(n_max > 0) failed\n"
+              "[New LWP 4242]\n#0  0x00007f in wait4 ()\n[Inferior 1 (process 4241) detached]", file=sys.stderr,
+              flush=True)
+        os._exit(134)
     if mode == "exit":
         print("fake: failed to load model 'nowhere.gguf'", file=sys.stderr, flush=True)
         sys.exit(3)
     if mode == "silent":
         time.sleep(600)
         return
+    if SPEC and os.environ.get("FAKE_SERVER_SAYS"):
+        print(os.environ["FAKE_SERVER_SAYS"], file=sys.stderr, flush=True)
     port = int(ARGV[ARGV.index("--port") + 1])
     assert ARGV[ARGV.index("--host") + 1] == "127.0.0.1"
     print(f"fake: listening on 127.0.0.1:{port}", file=sys.stderr, flush=True)

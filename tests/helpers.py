@@ -95,6 +95,33 @@ def one_line_error(r, *words) -> str:
     return lines[0]
 
 
+@contextlib.contextmanager
+def within(seconds: int):
+    """Fail, rather than hang, where what runs inside blocks for longer (a FIFO opened for reading, say): SIGALRM
+    raises in the main thread, interrupting the blocking call."""
+    import signal
+
+    def late(*_):
+        raise TimeoutError(f"still blocked after {seconds} s")
+    old = signal.signal(signal.SIGALRM, late)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def nested_gguf(path: Path, depth: int = 5000) -> Path:
+    """A GGUF whose one key-value is an array of arrays `depth` deep (a hostile file; a recursive reader overflows)."""
+    import struct
+    key = b"x"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", 9)
+                     + struct.pack("<IQ", 9, 1) * depth + struct.pack("<IQ", 4, 0))
+    return path
+
+
 def only_run(out: Path) -> Path:
     """The one run directory under OUT/runs (not the `latest` link)."""
     runs = [d for d in (out / "runs").iterdir() if d.is_dir() and not d.is_symlink()]

@@ -208,9 +208,11 @@ def test_bench_picks_no_draft_the_loop_cannot_run(files, tmp_path, monkeypatch):
     ("draft-eagle3", "dense", "dflash", "is a 'dflash' model, not the 'eagle3' head"),
     ("draft-dflash", "dense", "dense", "is a 'llama' model, not the 'dflash' head"),
     ("draft-eagle3", "dense", "missing", "no such file"),
+    ("draft-eagle3", "dense", "folder", "not a file (a folder, FIFO or device)"),  # issue 57, case 46
 ])
 def test_a_llama_server_head_is_read_from_its_file(files, tmp_path, kind, target, head, said):
-    path = None if head is None else files.get(head, tmp_path / "missing.gguf")
+    (tmp_path / "folder.gguf").mkdir(exist_ok=True)
+    path = None if head is None else files.get(head, tmp_path / f"{head}.gguf")
     if said is None:
         arch.require_head(kind, files[target], path)
         return

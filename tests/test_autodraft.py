@@ -4,6 +4,7 @@ none fits), a dry run on SmolLM2 beside its Q2_K (what it plans), and one real s
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,37 @@ def test_bench_with_one_path_picks_the_q2k_beside_it(tmp_path, smol, smol_q2k):
     assert plan["params"]["draft"] == [smol_q2k.stem, *FREE]  # the Q2_K is in the catalog: named as it is there
     assert plan["params"]["budget_min"] == BUDGET_MIN and plan["params"]["replay"]
     assert plan["params"]["temp"] == DEFAULT["temp"] and plan["params"]["max_tokens"] == 4
+
+
+# -- issue 57: what lies beside the target -------------------------------------------------------------------------
+def test_fifos_nested_arrays_and_a_plus_beside_the_target(tmp_path):  # cases 126, 127, 129
+    from tests.helpers import nested_gguf, within
+    target = write_tiny_model(tmp_path / "target.gguf", n_layer=3)
+    small = write_tiny_model(tmp_path / "smol+q2.gguf", seed=2, n_layer=1, n_embd=32, n_ff=32)
+    os.mkfifo(tmp_path / "blob")
+    os.mkfifo(tmp_path / "pipe.gguf")
+    nested_gguf(tmp_path / "deep.gguf")
+    with within(30):
+        drafts, _ = pick([str(target)], [tmp_path])
+    assert drafts == [str(small), LOOKUP, LLAMA_TYPE]
+    assert parse_draft(drafts[0]).model == str(small)  # its own pick, read back whole
+
+
+def test_engine_server_picks_no_harness_lookup(folder, capsys):  # case 125
+    got = with_drafts(None, {"target": str(folder / "target.gguf"), "draft": None, "engine": "server"},
+                      [folder / "none"])
+    assert got["draft"] == [d for d in FREE if not d.startswith("ngram:")]
+    assert "left out, as llama-server (--engine server) lacks it" in capsys.readouterr().err
+
+
+def test_a_refusal_over_a_picked_draft_says_it_was_picked(folder):  # case 128
+    from harness.bench.autodraft import owning_picks
+    from harness.errors import HarnessError
+    given = {"target": "t", "draft": None}
+    picked = given | {"draft": [str(folder / "all" / "small.gguf"), *FREE]}
+    with pytest.raises(HarnessError) as e, owning_picks(given, picked):
+        raise HarnessError(f"model 'small' at {folder / 'all' / 'small.gguf'} failed to load")
+    assert "was picked as a draft for you, not named: choose the drafts with --draft" in str(e.value)
+    with pytest.raises(HarnessError) as e, owning_picks(given, given):  # nothing picked: the refusal as it was
+        raise HarnessError("model 'small' failed to load")
+    assert "picked" not in str(e.value)

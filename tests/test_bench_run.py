@@ -217,6 +217,29 @@ def test_a_run_whose_every_configuration_failed_reports_each_error_and_exits_non
     assert harness("report", run).returncode == 0
 
 
+def test_a_run_with_a_failed_unit_names_it_and_resume_and_exits_3(small_run, tmp_path):
+    """Issue 57, cases 47, 49, 162, 165: a unit that fails (a head that will not load, a server or worker killed,
+    a draft file swapped) leaves the sweep going, but the run ends with a line naming it and --resume, exit 3."""
+    from harness.bench.run import FAILED_UNITS_EXIT
+    from harness.rundir import trace_file, trace_path
+    run = copy_run(small_run, tmp_path)
+    rows = [json.loads(x) for x in result_rows(run)]
+    spec = next(x for x in rows if x["draft"] != "none")
+    (run / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows if x["unit"] != spec["unit"]))
+    trace_file(run, spec["unit"]).unlink()
+    trace_path(run, spec["unit"]).mkdir()  # where the unit writes its trace: its worker fails
+    r = harness("bench", "--resume", run, "--allow-busy")
+    line = one_line_error(r, "1 unit(s) of the run failed", f"the first, {spec['unit']}:", "stands on the others",
+                          f"`harness bench --resume {run}` runs the failed ones again")
+    assert r.returncode == FAILED_UNITS_EXIT == 3, line
+    assert finished_status(run) == {x["unit"]: "ok" for x in rows} | {spec["unit"]: "error"}
+
+
+def finished_status(run: Path) -> dict[str, str]:
+    from harness.rundir import finished
+    return {u: r["status"] for u, r in finished(run).items()}
+
+
 # -- SIGTERM and SIGHUP to bench -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])

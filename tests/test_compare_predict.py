@@ -215,3 +215,14 @@ def test_zero_costs_never_divide(tmp_path):
         load_calibrations([str(tmp_path / "half.json")])
     (tmp_path / "ok.json").write_text(json.dumps(_calibration()))
     assert load_calibrations([str(tmp_path / "ok.json")])[0][T]["k"] == [1, 2, 3]
+
+
+def test_a_server_run_is_not_told_to_replay_under_the_server(tmp_path, monkeypatch):  # issue 57, case 181
+    from harness.compare import predict as predict_mod
+    from harness.errors import HarnessError
+    monkeypatch.setattr(predict_mod, "load_calibrations", lambda paths: ({}, {}))
+    (tmp_path / "plan.json").write_text(json.dumps({"schema": 2, "params": {"engine": "server"}, "instances": [],
+                                                    "prompt_ids": [], "categories": []}))
+    with pytest.raises(HarnessError, match="which --engine server does not take: bench the same configurations "
+                                           "with --engine harness --replay"):
+        predict_mod.predict(tmp_path, [])

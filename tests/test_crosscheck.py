@@ -220,11 +220,13 @@ class Reply:
     """One server, answering every request with the given timings."""
     role, binary = "plain", Path("llama-server")
 
-    def __init__(self, timings: dict):
-        self.timings = timings
+    def __init__(self, timings: dict, tokens=None):
+        self.timings, self.tokens = timings, tokens
 
     def complete(self, payload, what, timeout_s):
-        return {"timings": self.timings, "tokens": [1, 2]}
+        n = self.timings.get("predicted_n")
+        tokens = list(range(n if isinstance(n, int) and 0 <= n <= 1000 else 11)) if self.tokens is None else self.tokens
+        return {"timings": self.timings} | ({} if tokens == "absent" else {"tokens": tokens})
 
 
 GOOD = {"predicted_n": 11, "predicted_ms": 20.0, "prompt_n": 7, "prompt_ms": 1.0, "draft_n": 10,
@@ -246,12 +248,28 @@ NO_MEASUREMENT = {
 }
 
 
+# issue 57: what the counts and token ids must agree on (n_predict 16 asked; `tokens` replaces the token ids)
+NO_MEASUREMENT |= {
+    "15-predicted-n-above-n-predict": ({"predicted_n": 10**12}, ["timings.predicted_n 1000000000000 above the "
+                                                                 "n_predict 16 asked"]),
+    "15-tokens-fewer-than-predicted": ({"tokens": [1, 2, 3, 4]}, ["4 tokens for timings.predicted_n 11"]),
+    "14-tokens-not-a-list": ({"tokens": "1 2 3"}, ["tokens '1 2 3' (not a list of token ids)"]),
+    "14-tokens-absent": ({"tokens": "absent"}, ["no tokens (the output's token ids)"]),
+    "17-tokens-strings": ({"tokens": ["a", "b"] * 5 + ["c"]}, ["tokens holding 'a'", "whole numbers"]),
+    "17-tokens-bools": ({"tokens": [True] * 11}, ["tokens holding True"]),
+    "accepted-above-generated": ({"predicted_n": 3, "draft_n": 10, "draft_n_accepted": 8},
+                                 ["draft_n_accepted 8 above timings.predicted_n 3"]),
+}
+
+
 @pytest.mark.parametrize("change, words", list(NO_MEASUREMENT.values()), ids=list(NO_MEASUREMENT))
 def test_timings_that_are_no_measurement_are_refused(change, words):
     from harness.crosscheck.run import ask
     from harness.errors import HarnessError
+    change = dict(change)
+    tokens = change.pop("tokens", None)
     with pytest.raises(HarnessError) as e:
-        ask(Reply(GOOD | change), "code-01", {}, 1.0)
+        ask(Reply(GOOD | change, tokens), "code-01", {"n_predict": 16}, 1.0)
     for w in [*words, "llama-server (plain) answered prompt code-01", "not a measurement"]:
         assert w in str(e.value), str(e.value)
 

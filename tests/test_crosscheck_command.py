@@ -224,3 +224,42 @@ def test_synthetic_acceptance_refusals_are_one_line(fake, smol, command, env, wo
 def test_synth_needs_two_lengths(fake, smol):
     one_line_error(harness("server-check", cmd(fake, "-m", smol, "--spec-type", "draft-simple"), "--synth", "1"),
                    "--synth N needs N >= 2")
+
+
+def test_synth_is_capped(fake, smol, tmp_path):  # issue 57, case 198
+    log = tmp_path / "requests.jsonl"
+    r = harness("server-check", cmd(fake, "-m", smol, "--spec-type", "draft-simple"), "--synth", "1000",
+                env={"FAKE_SERVER_LOG": str(log)})
+    one_line_error(r, "--synth 1000: at most 16 lengths", "2000 per prompt", "give fewer")
+    assert not requests(log)
+
+
+# -- issue 57: what the servers said, and what they answered -------------------------------------------------------
+SAID = {  # case: (the command's words after -m TARGET, the fake's environment, exit code, words on stdout or stderr)
+    "82-a-flag-it-rejects": (["--spec-type", "ngram-mod"], {"FAKE_SERVER_MODE": "badarg"}, 1,
+                             ['error while handling argument "--temp"']),
+    "83-an-unknown-type": (["--spec-type", "bogus"], {}, 1, ['"--spec-type": unknown speculative type: bogus']),
+    "84-draft-simple-without-a-model": (["--spec-type", "draft-simple"], {"FAKE_SERVER_DRAFTS": "none"}, 2,
+                                        ["--spec-type draft-simple but gives no draft model",
+                                         "add `--spec-draft-model DRAFT.gguf`"]),
+    "79-the-log-names-why": (["--spec-type", "draft-simple", "-md", "{smol}"],
+                             {"FAKE_SERVER_DRAFTS": "none",
+                              "FAKE_SERVER_SAYS": "srv load_model: the draft model is not compatible with the target"},
+                             2, ["the server's log says: srv load_model: the draft model is not compatible"]),
+    "92-counts-above-n-predict": (["--spec-type", "ngram-mod"],
+                                  {"FAKE_SERVER_TIMINGS": '{"predicted_n": 1000000000000, "predicted_ms": 1e-9}'}, 1,
+                                  ["predicted_n 1000000000000 above the n_predict 64", "not a measurement"]),
+}
+
+
+@pytest.mark.parametrize("words_, env, code, words", list(SAID.values()), ids=list(SAID))
+def test_what_the_servers_say_is_read_for_why(fake, smol, words_, env, code, words):
+    r = harness("server-check", cmd(fake, "-m", smol, *(w.format(smol=smol) for w in words_)), "--per-category", "1",
+                env=env)
+    assert r.returncode == code, r.stdout + r.stderr
+    if code == 1:
+        line = one_line_error(r, *words)
+        assert "to show complete usage" not in line
+    else:
+        for w in words:
+            assert w in r.stdout, r.stdout

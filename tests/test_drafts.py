@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("gguf")
 
-from tests.helpers import harness, one_line_error
+from tests.helpers import harness, nested_gguf, one_line_error
 from tests.tiny_gguf import build_tokenizer, write_tiny_model
 
 from harness.errors import HarnessError
@@ -448,3 +448,75 @@ def test_the_rule_agrees_with_llama_server(folder, tmp_path):
         d = folder / "cands" / f"{stem}.gguf"
         ours = drafts.llama_cpp_rule(tv, header.vocab(header.read_header(d))) is None
         assert _server_accepts(server, t, d, tmp_path / f"{stem}.log") == ours, stem
+
+
+# -- issue 57: files that are not what they seem, folders that cannot be read --------------------------------------
+def _unreadable(monkeypatch, mod, path: Path) -> None:
+    """os.scandir in `mod` refuses `path` as a folder without read permission does (root ignores modes)."""
+    real = os.scandir
+
+    def scandir(p="."):
+        if Path(p) == path:
+            raise PermissionError(13, "Permission denied", str(p))
+        return real(p)
+    monkeypatch.setattr(mod.os, "scandir", scandir)
+
+
+def test_a_fifo_without_a_suffix_in_a_scanned_folder_is_passed_over(tmp_path):  # case 108
+    from tests.helpers import within
+    t = _target(tmp_path)
+    write_tiny_model(tmp_path / "c" / "one.gguf", seed=1)
+    os.mkfifo(tmp_path / "c" / "blob")  # no suffix: sniffed for GGUF's magic only when it is a regular file
+    os.mkfifo(tmp_path / "c" / "pipe.gguf")
+    with within(20):
+        s = drafts.survey(t, "target", [tmp_path / "c"])
+    assert [c["name"] for c in s["candidates"]] == ["one"]
+
+
+def test_nested_arrays_are_a_refusal_of_that_file(tmp_path):  # case 115
+    t = _target(tmp_path)
+    write_tiny_model(tmp_path / "c" / "one.gguf", seed=1)
+    nested_gguf(tmp_path / "c" / "deep.gguf")
+    s = drafts.survey(t, "target", [tmp_path / "c"])
+    assert [c["name"] for c in s["candidates"]] == ["one"]
+    (k,) = s["skipped"]
+    assert k["kind"] == "unreadable" and "arrays nested more than 16 deep" in k["why"]
+    one_line_error(harness("drafts", tmp_path / "c" / "deep.gguf", tmp_path / "c"), "deep.gguf",
+                   "arrays nested more than 16 deep")
+
+
+def test_a_folder_that_cannot_be_read_is_said(tmp_path, monkeypatch):  # case 101
+    t = _target(tmp_path)
+    write_tiny_model(tmp_path / "c" / "sub" / "one.gguf", seed=1)
+    _unreadable(monkeypatch, draftstable, tmp_path / "c")
+    one_line_error(harness("drafts", t, tmp_path / "c"), f"{tmp_path / 'c'}: cannot read the folder",
+                   "Permission denied", "check its permissions")
+    monkeypatch.undo()
+    _unreadable(monkeypatch, drafts, tmp_path / "c" / "sub")  # below a folder given: skipped, and counted
+    s = drafts.survey(t, "target", [tmp_path / "c"])
+    assert s["candidates"] == [] and [k["kind"] for k in s["skipped"]] == ["unreadable folder"]
+    assert "skipped 1 unreadable folder" in draftstable.format_survey(s)
+
+
+def test_an_unreadable_target_is_a_read_error_not_a_write_one(tmp_path, monkeypatch):  # case 102
+    from harness.models import catalog
+    t = _target(tmp_path)
+
+    def denied(p, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(p))
+    monkeypatch.setattr(catalog, "open", denied, raising=False)
+    line = one_line_error(harness("drafts", t, tmp_path), f"cannot read model file {t}", "check its permissions")
+    assert "--out" not in line and "write" not in line
+
+
+def test_a_target_with_a_plus_in_its_name_gets_advice_bench_takes(tmp_path):  # cases 112, 113
+    from harness.bench.prepare import models_info
+    from harness.plan import make_params
+    t = write_tiny_model(tmp_path / "t+1.gguf", n_layer=3)
+    small = write_tiny_model(tmp_path / "c" / "c++-draft.gguf", seed=2, n_layer=1, n_embd=32, n_ff=32)
+    a = drafts.survey(t, "t+1", [tmp_path / "c"])["advice"]
+    assert f"--target {t} --draft {small},ngram:3" in a, a
+    p = make_params({}, {"target": str(t), "draft": f"{small},ngram:3"})  # bench's reading of the advised command
+    assert [d.model for d in p.draft] == [str(small), None]
+    info = models_info({str(small)}, targets={str(t)})
+    assert info[str(t)]["bytes"] == t.stat().st_size and info[str(small)]["bytes"] == small.stat().st_size

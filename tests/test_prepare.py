@@ -258,3 +258,10 @@ def test_models_info_of_llama_server_types(smol_q2k):
     assert info[combo]["bytes"] == smol_q2k.stat().st_size and info[combo]["sha256"]
     assert info[mtp]["note"] == "the target's own MTP layers" and info[mtp]["bytes"] == 0
     assert info["ngram-cache"]["note"] == "n-gram lookup (no model)"
+
+
+def test_a_target_path_with_a_plus_is_a_model_not_a_combination(tiny_set, tmp_path):  # case 62
+    t = tmp_path / "smol+q4.gguf"
+    shutil.copy(tiny_set["a"], t)
+    info = models_info({"ngram:2"}, targets={str(t)})
+    assert info[str(t)]["bytes"] == t.stat().st_size and info[str(t)]["sha256"]

@@ -4,13 +4,14 @@ empty HARNESS_PROMPTS_DIR is unset, not the current directory; bad prompt (and p
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from harness.errors import HarnessError
 from harness.prompts import load, prompts_dir
-from tests.helpers import harness, one_line_error
+from tests.helpers import harness, one_line_error, within
 
 
 def _line(pid: str, cat: str) -> str:
@@ -265,3 +266,68 @@ def test_a_bad_entry_of_your_own_prompts_is_one_line_naming_it(name, content, wo
     r = harness("bench", "--target", T, "--prompts", str(f), "--out", str(tmp_path / "reports"))
     one_line_error(r, *words)
     assert r.returncode == 1 and not (tmp_path / "reports").exists()
+
+
+# -- issue 57: what a third bad-input sweep found in your own prompt files -----------------------------------------
+BOM = "\ufeff"
+
+
+@pytest.mark.parametrize("name, content", [
+    ("chats.jsonl", BOM + json.dumps(_chat(("user", "q"))) + "\n"),  # case 132
+    ("share.json", BOM + json.dumps([_share(("human", "q"))])),  # case 133
+    ("one.json", json.dumps(_share(("human", "q")), indent=2)),  # case 150: one conversation, pretty-printed
+    ("export.json", json.dumps({"data": [_share(("human", "q"))]})),  # case 151: a dataset export's wrapper
+    ("export.jsonl", json.dumps({"data": [_chat(("user", "q"))]}, indent=1)),
+], ids=["132-bom-chat-jsonl", "133-bom-sharegpt", "150-pretty-printed-object", "151-data-wrapper",
+        "151-data-wrapper-pretty"])
+def test_files_as_editors_and_exports_write_them_read(tmp_path, name, content):
+    f = tmp_path / name
+    f.write_text(content, encoding="utf-8")
+    (p,) = load(paths=[f])
+    assert p.messages == (("user", "q"),) and p.category == f.stem
+
+
+def _fifo(tmp_path) -> str:
+    os.mkfifo(tmp_path / "p.jsonl")
+    return "{tmp}/p.jsonl"
+
+
+REFUSED_57 = {  # case: (what to write, the option's value, the words of its one line)
+    "139-unknown-role": ({"p.jsonl": json.dumps(_chat(("bot", "q")))}, "{tmp}/p.jsonl",
+                         ["p.jsonl:1:", 'role "bot" is not one this reads', "system, developer, user"]),
+    "139-role-capitalised": ({"p.jsonl": json.dumps(_chat(("Human", "q")))}, "{tmp}/p.jsonl",
+                             ['role "Human"', '(write "user")']),
+    "139-sharegpt-capitalised": ({"s.json": json.dumps([_share(("Human", "q"))])}, "{tmp}/s.json",
+                                 ['from "Human"', '(write "human")']),
+    "143-sharegpt-role-in-chat": ({"p.jsonl": json.dumps(_chat(("human", "q")))}, "{tmp}/p.jsonl",
+                                  ['role "human" is not one this reads (write "user")']),
+    "142-ids-collide-across-files": ({"a/chats.jsonl": json.dumps(_chat(("user", "q"))),
+                                      "b/chats.jsonl": json.dumps(_chat(("user", "r")))},
+                                     "{tmp}/a/chats.jsonl,{tmp}/b/chats.jsonl",
+                                     ["duplicate prompt id 'chats-1'", "a/chats.jsonl and", "b/chats.jsonl",
+                                      "give the prompts ids"]),
+    "153-fifo": (_fifo, "{tmp}/p.jsonl", ["p.jsonl is not a regular file", "save it as a file"]),
+}
+
+
+@pytest.mark.parametrize("files, value, words", list(REFUSED_57.values()), ids=list(REFUSED_57))
+def test_issue_57_prompt_files_are_refused_in_one_line(tmp_path, files, value, words):
+    if callable(files):
+        files(tmp_path)
+    else:
+        for name, text in files.items():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(text + "\n")
+    with within(20):
+        r = harness("bench", "--target", T, "--prompts", value.format(tmp=tmp_path), "--out", tmp_path / "reports")
+    one_line_error(r, *words)
+    assert r.returncode == 1 and not (tmp_path / "reports").exists()
+
+
+def test_a_prompt_file_over_the_size_read_is_refused(tmp_path, monkeypatch):
+    from harness import prompts
+    monkeypatch.setattr(prompts, "MAX_INPUT_BYTES", 1 << 20)
+    f = tmp_path / "big.jsonl"
+    f.write_text(json.dumps(_chat(("user", "x" * (2 << 20)))) + "\n")
+    with pytest.raises(HarnessError, match="has 2 MiB, above the 1 MiB read here: keep the prompts you need"):
+        load(paths=[f])

@@ -10,6 +10,7 @@ import fcntl
 import gzip
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
@@ -326,3 +327,17 @@ def test_a_run_directory_keeps_every_result_after_a_kill_mid_write(tmp_path):
     assert (tmp_path / "drift" / "results.jsonl").read_text() == ""
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert [json.loads(x)["config"] for x in lines if x.startswith("{") and x.endswith("}")] == ["a", "b"]
+
+
+def test_a_refused_run_leaves_latest_at_the_run_before(tmp_path):  # issue 57, case 114
+    from harness.rundir import discard_run_dir, new_run_dir
+    old = tmp_path / "20261201-000000-vm"
+    old.mkdir()
+    (old / "plan.json").write_text("{}")
+    d = new_run_dir(tmp_path)
+    assert (tmp_path / "latest").resolve() == d.resolve()
+    discard_run_dir(d)
+    assert not d.exists() and (tmp_path / "latest").resolve() == old.resolve()
+    shutil.rmtree(old)
+    discard_run_dir(new_run_dir(tmp_path))
+    assert not (tmp_path / "latest").is_symlink()  # no run left to point at

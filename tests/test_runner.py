@@ -156,3 +156,8 @@ def test_run_reads_its_prompt_from_a_file_and_its_seed_decides_the_sample(tmp_pa
     assert _run_tokens(tmp_path, "inline", "--prompt", text, "--seed", "7") == from_file
     others = [_run_tokens(tmp_path, f"s{s}", "--prompt", text, "--seed", str(s)) for s in (8, 9, 10)]
     assert any(o != from_file for o in others)  # at T=1 three other seeds cannot all draw the same 8 tokens
+
+
+def test_run_takes_a_draft_path_with_a_plus(tmp_path):  # case 60 (58, 59: the same parse, test_specs)
+    inst, _ = plan_one(target="tgt", draft=str(tmp_path / "c++-draft.gguf"))
+    assert inst.draft.model == str(tmp_path / "c++-draft.gguf")

@@ -163,13 +163,41 @@ def test_sampled_requests_carry_the_policy(tmp_path, smol, fake, monkeypatch):
     ({"FAKE_SERVER_MODE": "silent"}, "did not answer /health"),
     ({"FAKE_SERVER_LACKS": "--spec-ngram-mod-n-match"}, "has no --spec-ngram-mod-n-match"),
     ({"FAKE_SERVER_NO_TYPES": "ngram-mod"}, "unknown speculative type: ngram-mod"),  # a build without the type
+    # issue 57: answers that are no measurement (cases 14, 15, 17), a plain twin that drafts (93)
+    ({"FAKE_SERVER_TOKENS": '"1 2 3"'}, "tokens '1 2 3' (not a list of token ids)"),
+    ({"FAKE_SERVER_TIMINGS": '{{"predicted_n": 1000000000000}}'}, "predicted_n 1000000000000 above the n_predict 6"),
+    ({"FAKE_SERVER_TOKENS": '["a", "b", "c", "d", "e", "f"]'}, "tokens holding 'a'"),
+    ({"FAKE_SERVER_TOKENS": '[1, 2]'}, "2 tokens for timings.predicted_n 6"),
+    ({"FAKE_SERVER_PLAIN_DRAFTS": "5"}, "plain twin (--spec-type none) drafted 5 tokens on prompt"),
+    # the server's log read for the line that says why, not its last (82, 83, 199)
+    ({"FAKE_SERVER_MODE": "badarg"}, 'error while handling argument "--temp": stof'),
+    ({"FAKE_SERVER_NO_TYPES": "ngram-mod"}, '"--spec-type": unknown speculative type'),
+    ({"FAKE_SERVER_MODE": "assert"}, "GGML_ASSERT(n_max > 0) failed"),
+    # the bench's own timeouts (21, 22)
+    ({"FAKE_SERVER_MODE": "hang"}, "gave no answer to prompt code-1 within 1 s (--request-timeout"),
 ])
 def test_failures_are_one_line_error_rows(tmp_path, smol, fake, monkeypatch, env, said):
     for k, v in env.items():
         monkeypatch.setenv(k, v.format(tmp=tmp_path))
-    monkeypatch.setattr(serverunit, "START_TIMEOUT_S", 2.0)
-    _, _, row = run_unit(tmp_path, server_params(fake))
+    _, _, row = run_unit(tmp_path, server_params(fake, start_timeout=2.0, request_timeout=1.0))
     assert row["status"] == "error" and said in row["error"] and "\n" not in row["error"], row
+    for noise in ("to show complete usage", "Inferior 1"):
+        assert noise not in row["error"], row
+
+
+def test_a_plain_baseline_that_drafts_is_refused(tmp_path, smol, fake, monkeypatch):  # case 93
+    monkeypatch.setenv("FAKE_SERVER_PLAIN_DRAFTS", "3")
+    _, _, row = run_unit(tmp_path, server_params(fake), baseline=True)
+    assert row["status"] == "error" and "drafted 3 tokens" in row["error"] and "LLAMA_ARG_" in row["error"], row
+
+
+def test_the_server_timeouts_are_bench_options(fake):  # cases 21, 22
+    p = server_params(fake, start_timeout=5, request_timeout=7.5)
+    assert (p.start_timeout, p.request_timeout) == (5, 7.5) and p.to_dict()["start_timeout"] == 5
+    for opts, said in (({"engine": "server", "llama_server": str(fake), "start_timeout": 0}, "above 0"),
+                       ({"request_timeout": 30.0}, "give --engine server or --server-check")):
+        with pytest.raises(HarnessError, match=said):
+            make_params({}, {"target": T} | opts)
 
 
 def test_missing_binary_is_one_line(tmp_path, smol):
@@ -192,8 +220,8 @@ def test_bench_engine_server_end_to_end(tmp_path, smol, smol_q2k, fake, monkeypa
     r = harness("bench", "--engine", "server", "--llama-server", fake, "--target", T, "--draft",
                 f"none,{D},ngram-mod", "--gamma", "2", "--prompts", PROMPT_FILE, "--categories", "code",
                 "--per-category", "2", "--max-tokens", "6", "--out", tmp_path / "out", "--allow-busy")
-    assert r.returncode == 0, r.stderr
-    assert "has no --spec-ngram-mod-n-match" in r.stderr
+    assert r.returncode == 3, r.stderr  # a failed unit among measured ones (issue 57)
+    assert "has no --spec-ngram-mod-n-match" in r.stderr and "1 unit(s) of the run failed" in r.stderr
     run = only_run(tmp_path / "out")
     rows = finished(run).values()  # the last row of each unit (one busy may have run again)
     assert sorted(x["status"] for x in rows) == ["error", "ok", "ok"]

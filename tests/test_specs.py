@@ -6,7 +6,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.plan import expand, make_params
-from harness.specs import Combined, DraftModel, LlamaNgram, ServerType, parse_draft
+from harness.specs import Combined, DraftModel, LlamaNgram, ServerType, parse_draft, split_plus
 from tests.conftest import T
 
 MOD = "ngram-mod:n-match=4:n-max=8:n-min=2"
@@ -69,7 +69,11 @@ def test_the_existing_kinds_name_their_llama_server_type():
     ("none+ngram-mod", ["none cannot be part"]),
     ("ngram-mod+ngram-mod:n-max=8", ["each llama.cpp type once"]),
     ("d.gguf+draft-mtp", ["one draft context"]),
-    ("a.gguf+b.gguf", ["each llama.cpp type once"]),
+    ("a.gguf+b.gguf", ["one draft model at most"]),
+    # issue 57: an empty part named with its combination (26, 27); two models joined are one model too many (28)
+    ("ngram-mod+", ["--draft ngram-mod+:", "an empty part"]),
+    ("+ngram-mod", ["--draft +ngram-mod:", "an empty part"]),
+    ("smollm2-a+smollm2-b", ["one draft model at most"]),
     ("ngram-foo", ["no n-gram type ngram-foo", "ngram:N"]),
     ("ngram-mod:size-n=3", ["ngram-mod has no flag size-n", "n-match, n-max, n-min"]),
     ("ngram-mod:n-max=0", ["never drafts"]),
@@ -106,3 +110,28 @@ def test_the_harness_loop_runs_ngram_cache_at_its_own_8():
     assert [(str(i.draft), i.gamma) for i in expand(p) if not i.baseline] == [("ngram-cache", 8)]
     with pytest.raises(HarnessError, match="ngram-cache is not served to several requests yet"):
         make_params({}, {"target": T, "draft": "ngram-cache", "parallel": "2"})
+
+
+# issue 57 (cases 58, 61): a '+' in a model's path is its name's, not a combination's; only what is not a path
+# splits at '+'
+@pytest.mark.parametrize("text, parts", [
+    ("c++-draft.gguf", ["c++-draft.gguf"]),
+    ("/m/smol+q2.gguf", ["/m/smol+q2.gguf"]),
+    ("ngram-mod+/m/c++-draft.gguf", ["ngram-mod", "/m/c++-draft.gguf"]),
+    ("/m/c++-draft.gguf+ngram-mod:n-max=8", ["/m/c++-draft.gguf", "ngram-mod:n-max=8"]),
+    ("draft-eagle3:/m/e3+x.gguf+ngram-cache", ["draft-eagle3:/m/e3+x.gguf", "ngram-cache"]),
+    ("a.gguf+b.gguf", ["a.gguf", "b.gguf"]),
+    ("ngram-mod+ngram-cache", ["ngram-mod", "ngram-cache"]),
+])
+def test_a_plus_inside_a_path_is_the_paths(text, parts):
+    assert split_plus(text) == parts
+
+
+def test_a_file_on_disk_with_a_plus_and_no_suffix_is_one_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smol+q2").write_bytes(b"GGUF")
+    assert parse_draft("smol+q2") == DraftModel("smol+q2")
+    assert split_plus("ngram-mod+smol+q2") == ["ngram-mod", "smol+q2"]
+    d = parse_draft("smol+q2+ngram-mod")
+    assert isinstance(d, Combined) and d.model == "smol+q2" and parse_draft(str(d)) == d
+    assert parse_draft("c++-draft.gguf") == DraftModel("c++-draft.gguf")

@@ -3,6 +3,7 @@ damaged after it was written is refused in one line that names the file and the 
 plain one."""
 import gzip
 import json
+import os
 
 import pytest
 
@@ -103,3 +104,33 @@ def test_a_damaged_gzipped_trace_is_one_clear_error(tmp_path):
     f.write_bytes(gzip.compress(b'{"a": 1}\n' * 100, mtime=0)[:-20])  # cut short
     with pytest.raises(HarnessError, match="damaged"):
         read_records(f)
+
+
+def test_a_full_disk_on_an_appended_row_names_the_file(tmp_path, monkeypatch):  # issue 57, case 158
+    import builtins
+    import errno
+
+    from harness.errors import os_error_line
+    from harness.trace import append_record
+
+    class Full:
+        def __init__(self, *a, **kw):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def tell(self):
+            return 0
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(builtins, "open", Full)
+    with pytest.raises(OSError) as e:
+        append_record(tmp_path / "results.jsonl", {"a": 1})
+    monkeypatch.undo()
+    assert os_error_line(e.value).startswith(f"cannot write {tmp_path / 'results.jsonl'}: No space left on device; "
+                                             "free some space")

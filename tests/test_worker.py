@@ -87,3 +87,37 @@ def test_bench_worker_dying_after_its_result_keeps_it_and_before_leaves_an_error
     assert res["status"] == "error" and "exited with code 11" in res["error"]
     assert finished(tmp_path)["c1"] == {"config": "c1", "unit": "c1", "round": 0, **inst.to_dict(), "status": "error",
                                         "error": "worker exited with code 11"}
+
+
+def _full_disk(attempt, inst_d, round_, prompts, params, run_dir):
+    """A worker whose trace write and then its result row meet a full disk (ENOSPC, injected)."""
+    import errno
+    from pathlib import Path
+
+    from harness.bench import worker
+    from harness.instance import Instance
+
+    def full(*_):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def work():
+        full()
+    worker.record_result = full
+    worker.record_attempt(attempt, Instance.from_dict(inst_d), round_, Path(run_dir), work)
+
+
+def test_a_worker_that_cannot_write_its_result_exits_without_a_traceback(tmp_path, monkeypatch, capfd):
+    """Issue 57, cases 156, 158, 160 (a read-only --out, a full disk mid-run or in the drift check): the worker
+    prints no traceback; the parent's error row says why, and a write the parent cannot make either is main()'s one
+    line, naming the file (test_errors)."""
+    from harness.bench.worker import run_in_worker
+    from harness.instance import Instance
+    from harness.plan import Params
+    from harness.sampling import Policy
+    from harness.specs import DraftModel
+    inst = Instance("t", DraftModel("d"), 2, Policy(), 0, 0, 1)
+    monkeypatch.setattr(Instance, "id", property(lambda self: "c1"))
+    res = run_in_worker(inst, 0, [], Params(target=["t"], max_tokens=4), tmp_path, child=_full_disk)
+    assert res["status"] == "error" and "could not write its result to the run directory" in res["error"]
+    assert "Traceback" not in capfd.readouterr().err
+

@@ -23,10 +23,11 @@ HOLDS, CONTRADICTED, UNSETTLED, NOT_CHECKED = "holds", "contradicted", "unsettle
 COUNTS, TIMES = ("predicted_n", "draft_n", "draft_n_accepted", "prompt_n"), ("predicted_ms", "prompt_ms")
 
 
-def fault(t: dict) -> str | None:
+def fault(t: dict, n_predict: int | None = None) -> str | None:
     """What keeps one response's timings from being a measurement, naming the field; None when nothing does.
     Counts are whole numbers and times finite ones, none below 0; a response predicted at least one token, more
-    than one in some time, and accepted no more drafts than it drafted."""
+    than one in some time, no more than the n_predict asked (where given) and as many as its token ids (where it
+    holds them: a list of whole numbers), and accepted no more drafts than it drafted or generated."""
     for k in COUNTS + TIMES:
         v = t.get(k)
         if v is None and k.startswith("prompt"):  # not used in any figure: an older server may leave them out
@@ -43,6 +44,27 @@ def fault(t: dict) -> str | None:
     if t["draft_n_accepted"] > t["draft_n"]:
         return f"timings.draft_n_accepted {t['draft_n_accepted']} above timings.draft_n {t['draft_n']} (more " \
                "drafts accepted than drafted)"
+    if t["draft_n_accepted"] > t["predicted_n"]:
+        return f"timings.draft_n_accepted {t['draft_n_accepted']} above timings.predicted_n {t['predicted_n']} " \
+               "(more drafts accepted than tokens generated)"
+    if n_predict is not None and n_predict > 0 and t["predicted_n"] > n_predict:
+        return f"timings.predicted_n {t['predicted_n']} above the n_predict {n_predict} asked"
+    return token_fault(t)
+
+
+def token_fault(t: dict) -> str | None:
+    """What is wrong with a response's output token ids (t["tokens"]; None: an older record without them): a list
+    of whole numbers, as many as timings.predicted_n."""
+    toks = t.get("tokens")
+    if toks is None:
+        return None
+    if not isinstance(toks, list):
+        return f"tokens {str(toks)[:40]!r} (not a list of token ids)"
+    bad = next((x for x in toks if isinstance(x, bool) or not isinstance(x, int) or x < 0), None)
+    if bad is not None or None in toks:
+        return f"tokens holding {bad!r} (token ids are whole numbers from 0)"
+    if len(toks) != t["predicted_n"]:
+        return f"{len(toks)} tokens for timings.predicted_n {t['predicted_n']} (they must be equal)"
     return None
 
 
@@ -53,7 +75,7 @@ def row_fault(row: dict) -> str | None:
         p = p if isinstance(p, dict) else {"id": repr(p)}
         for role in ("plain", "speculative"):
             t = p.get(role)
-            why = fault(t) if isinstance(t, dict) else "no timings"
+            why = fault(t, p.get("max_tokens")) if isinstance(t, dict) else "no timings"
             if why:
                 return f"prompt {p.get('id')}, {role}: {why}"
     return None

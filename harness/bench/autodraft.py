@@ -7,6 +7,7 @@ prompt replayed, the gamma sweep, both policies, the timed subset, the llama-ser
 it is fitted to), each as given on the command line where it is. The reasons on stderr."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -40,9 +41,12 @@ def with_drafts(profile: str | None, opts: dict, roots: list[Path] | None = None
     unfit = "--parallel" if parallel else None  # plan refuses llama.cpp's types and the replay there
     method, free, said = default_method(unfit)
     refused = {k for given, keys in REFUSED if given(opts) for k in keys}
+    left = []
     if opts.get("engine") == "server":  # llama-server has no prompt lookup of the harness's kind
-        free = [d for d in free if not d.startswith("ngram:")]
+        left = [d for d in free if d.startswith("ngram:")]
+        free = [d for d in free if d not in left]
     drafts, lines = pick(targets, roots, free)
+    lines += [f"  {d}: the harness's prompt lookup: left out, as llama-server (--engine server) lacks it" for d in left]
     out = opts | {k: v for k, v in method.items() if opts.get(k) is None and k not in refused} | {"draft": drafts}
     lines.append(said)
     if opts.get("budget_min") is None:
@@ -50,6 +54,22 @@ def with_drafts(profile: str | None, opts: dict, roots: list[Path] | None = None
                      "the budget's first line says what it cut)")
     print("\n".join(lines), file=sys.stderr, flush=True)
     return out
+
+
+@contextlib.contextmanager
+def owning_picks(given: dict, opts: dict):
+    """A refusal over a draft model picked here (opts, from with_drafts; given: the user's options) says that it was
+    picked, not named, and how to choose instead."""
+    from harness.specs import parse_draft
+    picked = [] if opts is given else [d for d in opts.get("draft") or [] if not parse_draft(d).model_free]
+    try:
+        yield
+    except HarnessError as e:
+        hit = next((d for d in picked if d in str(e) or Path(d).stem in str(e)), None)
+        if hit is None:
+            raise
+        raise HarnessError(f"{e} ({hit} was picked as a draft for you, not named: choose the drafts with --draft, "
+                           f"e.g. --draft {LOOKUP})", e.exit_code) from None
 
 
 def default_method(unfit: str | None = None) -> tuple[dict, list[str], str]:

@@ -16,9 +16,6 @@ from harness.analysis.verdict import SPECULATE
 from harness.errors import HarnessError
 from harness.plan import Params
 
-START_TIMEOUT_S = 300.0
-REQUEST_TIMEOUT_S = 600.0
-
 
 def server_check(params: Params, run_dir: Path, plan: dict, time_left=None, figures=None) -> None:
     """Measure the run's answers in llama-server (crosscheck.json and .md in the run directory); where it cannot
@@ -43,8 +40,9 @@ def server_check(params: Params, run_dir: Path, plan: dict, time_left=None, figu
                               -(c.answer.get("speedup") or 0.0)))
     click.echo(f"llama-server check: {sum(not c.skip for c in found)} configuration(s), {params.server_check} "
                f"prompt(s) each, in {binary}", err=True)
-    measure_checks(run_dir, found, kept_rows(run_dir), binary, version, None, START_TIMEOUT_S, REQUEST_TIMEOUT_S,
-                   keep_going=True, time_left=time_left, cost=None if figures is None else _cost(params, figures))
+    measure_checks(run_dir, found, kept_rows(run_dir), binary, version, None, params.start_timeout,
+                   params.request_timeout, keep_going=True, time_left=time_left,
+                   cost=None if figures is None else _cost(params, figures))
 
 
 def _cost(params: Params, figures):

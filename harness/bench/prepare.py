@@ -129,16 +129,17 @@ def prepare_calibrations(instances: list[Instance], run_dir: Path, calibrate: bo
                                f"`harness calibrate {name} --threads {threads} --ngl {ngl}` or add --calibrate")
 
 
-def models_info(names: set[str]) -> dict[str, dict]:
-    """What the report header says of each model, recorded in plan.json when the run starts, so a report
+def models_info(names: set[str], targets: set[str] = frozenset()) -> dict[str, dict]:
+    """What the report header says of each model (drafts as specs, `targets` as models: a target is never read
+    as a draft, so a '+' in its path is its name's), recorded in plan.json when the run starts, so a report
     never depends on the model files still being there."""
     from harness.models import arch
     from harness.models.catalog import resolve
     from harness.models.store import current_sha, read_sidecar
     out = {}
-    from harness.specs import parse_draft
-    for n in sorted(names):
-        spec = parse_draft(n)
+    from harness.specs import DraftModel, parse_draft
+    for n in sorted(set(names) | set(targets)):
+        spec = DraftModel(n) if n in targets else parse_draft(n)
         ref = spec.model or spec.head  # a combination's draft model, a drafting head's file
         if ref is None:
             note = "n-gram lookup (no model)" if spec.model_free else "the target's own MTP layers"

@@ -29,8 +29,8 @@ from harness.plan import Params, expand, first_round, prompt_pool
 from harness.report import write_reports
 from harness.report.sections import budget_line
 from harness.report.tables import compute
-from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, cache_dir, drop_unreadable, finished,
-                            lock_run, new_run_dir, noise_records, plan_rounds, read_plan, record_noise,
+from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, RUN_SCHEMA, RUNS_DIR, cache_dir, discard_run_dir, drop_unreadable,
+                            finished, lock_run, new_run_dir, noise_records, plan_rounds, read_plan, record_noise,
                             record_result, repair_results, traces_missing, unit_id, write_plan)
 
 
@@ -105,8 +105,8 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
                 "pool_sizes": dict(Counter(p.category for p in pool)),  # the looks' spending runs to these
                 "prompt_files": params.prompts, "system": sysinfo.collect(), "started": time.time(),
                 "idle_check": idle,
-                "models": models_info({i.target for i in instances} | {str(i.draft) for i in instances
-                                                                          if not i.baseline}),
+                "models": models_info({str(i.draft) for i in instances if not i.baseline},
+                                      targets={i.target for i in instances}),
                 "budget": budget_record(fitted, skipped, figures)}
         write_plan(run_dir, plan)
     if resume:
@@ -118,7 +118,7 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
             prepare_calibrations([i for i in instances if i.id not in skipped], run_dir, params.calibrate)
         except HarnessError:
             if not resume:
-                shutil.rmtree(run_dir)  # nothing ran: leave no empty run behind
+                discard_run_dir(run_dir)  # nothing ran: leave no empty run behind, nor `latest` pointing at it
             raise
     done = {u: r for u, r in finished(run_dir).items()  # a finished unit whose trace is gone runs again
             if not traces_missing(run_dir, r, params.paired)}
@@ -201,17 +201,28 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
     click.echo(f"report: {md}", err=True)
     shutil.rmtree(cache_dir(run_dir), ignore_errors=True)  # up to ~1 GB; an interrupted run keeps it for --resume
     click.echo(f"estimated {est / 60:.1f} min, took {(time.monotonic() - started) / 60:.1f} min", err=True)
-    _refuse_all_failed(run_dir, md)
+    _refuse_failed(run_dir, md)
     return run_dir
 
 
-def _refuse_all_failed(run_dir: Path, md: Path) -> None:
-    """A run that measured nothing is no answer, though its report (which says why each unit failed) is kept."""
+FAILED_UNITS_EXIT = 3  # the sweep went on past a failed unit: the report stands on the others (docs/usage.md)
+
+
+def _refuse_failed(run_dir: Path, md: Path) -> None:
+    """A run that measured nothing is no answer (exit 1), though its report (which says why each unit failed) is
+    kept; one with a failed unit among measured ones ends with a line naming it and --resume (FAILED_UNITS_EXIT)."""
     rows = finished(run_dir).values()
     failed = [r for r in rows if r.get("status") == "error"]
-    if failed and not any(r.get("status") == "ok" for r in rows):
-        raise HarnessError(f"every unit of the run failed ({len(failed)}; the first: {failed[0].get('error')}): "
-                           f"{md} says why for each")
+    if not failed:
+        return
+    why = str(failed[0].get("error") or "no reason recorded").strip().splitlines()
+    first = f"{failed[0].get('unit')}: {why[-1][:300] if why else ''}"
+    again = f"`harness bench --resume {run_dir}` runs the failed ones again"
+    if not any(r.get("status") == "ok" for r in rows):
+        raise HarnessError(f"every unit of the run failed ({len(failed)}; the first, {first}): {md} says why for "
+                           f"each; once mended, {again}")
+    raise HarnessError(f"{len(failed)} unit(s) of the run failed (the first, {first}); the report {md} stands on "
+                       f"the others; once mended, {again}", exit_code=FAILED_UNITS_EXIT)
 
 
 def _timed_subset(instances: list[Instance], skipped: dict, first: list, params: Params, run_dir: Path, plan: dict,

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from harness.crosscheck import binary as binary_mod
 from harness.crosscheck.checks import model_file, server_args, tokenize
+from harness.crosscheck.run import require_plain
 from harness.crosscheck.server import Server, free_port
 from harness.crosscheck.servercheck import Command, body, measure
 from harness.divergence import first_divergence
@@ -38,8 +39,6 @@ from harness.instance import Instance
 from harness.plan import Params
 from harness.rundir import PAIRED_DIR, finished, trace_path, unit_id
 
-START_TIMEOUT_S = 300.0
-REQUEST_TIMEOUT_S = 600.0
 ROLES = {"speculative": "speculative", "plain": "plain"}
 LOGS_DIR = "server_logs"
 
@@ -98,6 +97,8 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
 
     def write(rec: dict) -> None:
         k, (pr, rep) = next(done)
+        if "plain" in rec:
+            require_plain(rec["plain"], pr.id)
         if "speculative" in rec:  # its server served this request alone: its log's acceptance line is the request's
             rec["speculative"] |= logged(log_dir / f"{k + 1:02d}-{pr.id}-speculative.log")
         for role, mode in (("speculative", "speculative"), ("plain", "baseline")):
@@ -112,9 +113,10 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
     try:
         listed = [(pr.id, *toks[pr.id]) for pr, _ in requests]
         if inst.baseline:
-            plain_unit(binary, c, listed, log_dir / "plain.log", seeds, on_start, write)
+            plain_unit(binary, c, listed, log_dir / "plain.log", seeds, on_start, write, params)
         else:
-            measure(binary, c, listed, log_dir, START_TIMEOUT_S, REQUEST_TIMEOUT_S, seeds, on_start, write, ROLES)
+            measure(binary, c, listed, log_dir, params.start_timeout, params.request_timeout, seeds, on_start, write,
+                    ROLES)
         for r in classified(inst, params, diverged):
             traces["speculative"].write(r)
     finally:
@@ -144,14 +146,15 @@ def classified(inst: Instance, params: Params, diverged: list) -> list[dict]:
         target.close()
 
 
-def plain_unit(binary: Path, c: Command, listed: list, log: Path, seeds: list[dict], on_start, write) -> None:
+def plain_unit(binary: Path, c: Command, listed: list, log: Path, seeds: list[dict], on_start, write,
+               params: Params) -> None:
     """A baseline configuration: every request on one plain server, started for the unit."""
     from harness.crosscheck.run import ask
     srv = Server(binary, c.plain, free_port(), log, ROLES["plain"], on_spawn=on_start)
     try:
-        srv.start(START_TIMEOUT_S)
+        srv.start(params.start_timeout)
         for (pid, tokens, mt), extra in zip(listed, seeds):
-            write({"id": pid, "plain": ask(srv, pid, body(tokens, mt, c) | extra, REQUEST_TIMEOUT_S)})
+            write({"id": pid, "plain": ask(srv, pid, body(tokens, mt, c) | extra, params.request_timeout)})
     finally:
         srv.stop()
 

@@ -2,6 +2,7 @@
 llama.cpp ends only this worker."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 import traceback
@@ -9,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.procs import death, peak_rss_bytes, rss_bytes_now, run_isolated
+from harness.procs import UNWRITABLE_EXIT, death, peak_rss_bytes, rss_bytes_now, run_isolated
 from harness.instance import Instance
 from harness.plan import Params
 from harness.rundir import PAIRED_DIR, cache_dir, finished, record_result, trace_file, trace_path, unit_id
@@ -207,8 +208,16 @@ def record_attempt(attempt: str, inst: Instance, round_: int, results_dir: Path,
         res = {"status": "error", "error": str(e)}
     except Exception as e:  # noqa: BLE001 - any failure becomes a row; the sweep goes on
         res = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    record_result(results_dir, {"config": inst.id, "unit": unit_id(inst.id, round_), "round": round_, **inst.to_dict(),
-                                **res, **extra, "peak_rss_bytes": peak_rss_bytes(), "attempt": attempt})
+    row = {"config": inst.id, "unit": unit_id(inst.id, round_), "round": round_, **inst.to_dict(), **res, **extra,
+           "peak_rss_bytes": peak_rss_bytes(), "attempt": attempt}
+    try:
+        record_result(results_dir, row)
+    except OSError:
+        if multiprocessing.parent_process() is None:
+            raise  # in the harness's own process (--engine server): main() says it in one line
+        # a worker's row the run directory cannot take (read-only, full): no traceback here; the parent, recording
+        # this exit, names the file in one line (procs.death)
+        raise SystemExit(UNWRITABLE_EXIT) from None
 
 
 def isolated_unit(child, inst: Instance, round_: int, results_dir: Path, args: tuple, on_start=None) -> dict:

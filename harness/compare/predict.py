@@ -154,8 +154,10 @@ def predict(run_dir: Path, cal_paths: list[str], against: Path | None = None) \
     plan = read_plan(run_dir)
     units = ok_units(run_dir / REPLAY_DIR) if (run_dir / REPLAY_DIR).is_dir() else set()
     if not units:
+        how = "which --engine server does not take: bench the same configurations with --engine harness --replay" \
+            if plan.get("params", {}).get("engine") == "server" else "harness bench --replay"
         raise HarnessError(f"{run_dir} has no replay: predictions for another machine need acceptance replayed from "
-                           "every prompt (harness bench --replay)")
+                           f"every prompt ({how})")
     _require_match(plan, cals, run_dir.name)
     insts = {i.id: i for i in (Instance.from_dict(d) for d in plan["instances"])}
     gamma_max = plan["params"].get("replay_gamma", 8)

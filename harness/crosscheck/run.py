@@ -37,12 +37,22 @@ def ask(srv: Server, pid: str, body: dict, timeout_s: float) -> dict:
     rec = {"predicted_n": t["predicted_n"], "predicted_ms": t["predicted_ms"], "prompt_n": t.get("prompt_n"),
            "prompt_ms": t.get("prompt_ms"), "draft_n": t.get("draft_n", 0),
            "draft_n_accepted": t.get("draft_n_accepted", 0), "stop_type": r.get("stop_type"),
-           "tokens": r.get("tokens") if isinstance(r.get("tokens"), list) else None}
-    why = fault(rec)
+           "tokens": r.get("tokens")}
+    # the output's token ids are asked for (return_tokens): greedy outputs are compared on them
+    why = fault(rec, body.get("n_predict")) or ("no tokens (the output's token ids)" if rec["tokens"] is None else None)
     if why:
         raise HarnessError(f"llama-server ({srv.role}) answered prompt {pid} with {why}: not a measurement, so "
                            f"nothing of it is stored; is {srv.binary} llama.cpp's llama-server?")
     return rec
+
+
+def require_plain(rec: dict, pid: str) -> None:
+    """A plain twin's response (--spec-type none) that reports drafts is no plain reference: refused in one line
+    (server-check shows it instead, as its finding about the user's command)."""
+    if rec.get("draft_n"):
+        raise HarnessError(f"llama-server's plain twin (--spec-type none) drafted {rec['draft_n']} tokens on prompt "
+                           f"{pid}: something outside its command (LLAMA_ARG_* environment variables?) turns "
+                           "speculation on, so nothing is measured against plain decoding; unset it and run again")
 
 
 def measure(binary: Path, c: Check, port: int, log_dir: Path, start_timeout: float, request_timeout: float,
@@ -60,6 +70,8 @@ def measure(binary: Path, c: Check, port: int, log_dir: Path, start_timeout: flo
             srv.start(start_timeout)
             for rec, (i, t, mt) in zip(out, c.prompts):
                 rec[srv.role] = ask(srv, i, payload(t, mt, c.inst.policy), request_timeout)
+                if srv is plain:
+                    require_plain(rec["plain"], i)
             srv.stop()
     finally:
         spec.stop()

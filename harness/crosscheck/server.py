@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -45,14 +46,25 @@ def _die_with_parent() -> None:
         pass
 
 
-def last_line(path: Path) -> str:
-    """The last non-empty line of a server's log (its stderr and stdout), for an error message."""
+# a line that says why a server stopped: arg.cpp's "error while handling argument", a failed GGML_ASSERT, an
+# uncaught exception; what follows it (usage text, gdb's backtrace) does not
+CAUSE = re.compile(r"\berror\b|GGML_ASSERT|terminate called|what\(\):", re.IGNORECASE)
+LOG_READ = 4 << 20  # of a server's log, the bytes read for the line that says why
+
+
+def why_line(path: Path, cause: re.Pattern | None = None) -> str:
+    """The line of a server's log (its stderr and stdout) that says why it failed, for an error message: the first
+    error or GGML_ASSERT line, else the last non-empty one. With `cause`: the first line it matches, else ""."""
     try:
-        data = path.read_bytes()[-8192:].decode("utf-8", errors="replace")
+        with open(path, "rb") as f:
+            head = f.read(LOG_READ)
+            f.seek(max(f.tell(), f.seek(0, 2) - 8192))
+            tail = f.read()
     except OSError:
         return ""
-    lines = [ln.strip() for ln in data.splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else ""
+    lines = [ln.strip() for ln in (head + tail).decode("utf-8", errors="replace").splitlines() if ln.strip()]
+    last = "" if cause else lines[-1] if lines else ""
+    return next((ln for ln in lines if (cause or CAUSE).search(ln)), last)[:300]
 
 
 class Server:
@@ -70,7 +82,7 @@ class Server:
         return [str(self.binary), *self.args, "--host", HOST, "--port", str(self.port)]
 
     def _said(self) -> str:
-        line = last_line(self.log)
+        line = why_line(self.log)
         return f": {line}" if line else " (it printed nothing)"
 
     def start(self, timeout_s: float) -> None:

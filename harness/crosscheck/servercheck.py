@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import tempfile
 import time
@@ -28,7 +29,7 @@ import click
 
 from harness.analysis.verdict import MIN_GAIN, NO_GAIN, PLAIN, SPECULATE
 from harness.crosscheck import binary as binary_mod
-from harness.crosscheck.server import HOST, Server, free_port
+from harness.crosscheck.server import HOST, Server, free_port, why_line
 from harness.analysis.serverstats import acceptance, reading, same_outputs, speedup
 from harness.errors import HarnessError
 
@@ -52,6 +53,8 @@ DROPPED = {"--host": "the servers listen on 127.0.0.1", "--port": "a free port f
            "--api-key": "the harness is the only client", "--api-key-file": "the harness is the only client",
            "--ssl-key-file": "plain HTTP on 127.0.0.1", "--ssl-cert-file": "plain HTTP on 127.0.0.1"}
 VALUED = (*TARGET_MODEL, "-np", "--parallel", "--temp", "--temperature")
+# a speculating server's complaint about its draft (a vocabulary not compatible with the target's, say)
+COMPATIBLE = re.compile(r"\berror\b|GGML_ASSERT|not compatible|incompatible|must match", re.IGNORECASE)
 SERVERS = ("llama-server", "llama-server.exe")
 ROLES = {"speculative": "your command", "plain": "plain twin"}
 EXAMPLE = "llama-server -m TARGET.gguf --spec-type draft-simple --spec-draft-model DRAFT.gguf"
@@ -236,10 +239,18 @@ def why_not(c: Command, log_dir: Path) -> tuple[str, str]:
         return ("the command names no speculative type (--spec-type) and no draft model",
                 "add `--spec-type draft-simple --spec-draft-model DRAFT.gguf`, or `--spec-type ngram-mod` (no draft "
                 "model needed)")
+    if "draft-simple" in real and not c.draft:
+        return ("the command sets --spec-type draft-simple but gives no draft model for it to draft with",
+                "add `--spec-draft-model DRAFT.gguf` (a smaller model sharing the target's tokenizer; `harness "
+                "drafts TARGET` lists them)")
     if all(t.startswith("ngram") for t in real):
         return (f"--spec-type {','.join(real)} drafts only where the output repeats an n-gram seen before, and these "
                 "outputs did not", "try a category whose answers repeat their prompt (grounded, long_context), "
                 "smaller n-gram sizes, or a draft model")
+    said = next((line for f in sorted(log_dir.glob("*-speculative.log")) if (line := why_line(f, COMPATIBLE))), "")
+    if said:  # a draft model the server refused (not compatible with the target), say
+        return f"--spec-type {','.join(real)} drafted nothing; the server's log says: {said}", \
+            f"fix what it names (the servers' logs are in {log_dir})"
     return f"--spec-type {','.join(real)} drafted nothing on these prompts", f"read the servers' logs in {log_dir}"
 
 

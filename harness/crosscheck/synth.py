@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import click
+
 from harness.analysis.serverstats import acceptance, speedup
 from harness.errors import HarnessError
 
@@ -54,11 +56,17 @@ def check(types: list[str], given: dict[str, str], known: frozenset[str]) -> int
     return n_max(types, given)
 
 
+MAX_LENGTHS = 16  # --synth's most: each length starts two servers a prompt, one at a time
+
+
 def lengths(n: int, count: int) -> list[float]:
-    """count mean lengths from 1 to n + 1, evenly spaced, to two decimals."""
+    """count mean lengths from 1 to n + 1, evenly spaced, to two decimals (each once)."""
     if count < 2:
         raise HarnessError(f"--synth N needs N >= 2 lengths (1 and the longest draft + 1), got {count}")
-    return [round(1 + n * i / (count - 1), 2) for i in range(count)]
+    if count > MAX_LENGTHS:
+        raise HarnessError(f"--synth {count}: at most {MAX_LENGTHS} lengths (each starts two llama-servers per "
+                           f"prompt, one after the other, so {count} would start {2 * count} per prompt): give fewer")
+    return list(dict.fromkeys(round(1 + n * i / (count - 1), 2) for i in range(count)))
 
 
 def crossing(points: list[tuple[float, float]], at: float = 1.0) -> float | None:
@@ -73,7 +81,9 @@ def run(measure, c, log_dir: Path, count: int, n: int) -> list[dict]:
     """Per synthetic length: {length, acceptance, speedup, lo, hi}, from the command c (servercheck.Command) at
     that length and its plain twin; measure(command, log_dir) measures a command over the prompts."""
     rows = []
-    for length in lengths(n, count):
+    todo = lengths(n, count)
+    for k, length in enumerate(todo, 1):
+        click.echo(f"server-check --synth: length {length:g} ({k} of {len(todo)})", err=True)
         measured = measure(replace(c, spec=[*c.spec, SYNTH_FLAG, f"{length:g}"]), log_dir / f"synth-{length:g}")
         s, a = speedup(measured), acceptance(measured)
         rows.append({"length": length, "acceptance": a["acceptance"], "speedup": s["speedup"], "lo": s["lo"],

@@ -119,7 +119,8 @@ def require_head(kind: str, target: Path, head: Path | None) -> None:
     draft-dflash a file of that architecture."""
     path = head or target
     if head is not None and not Path(head).is_file():
-        raise HarnessError(f"--draft {kind}:{head}: no such file: give the path of the head's GGUF")
+        what = "not a file (a folder, FIFO or device)" if Path(head).exists() else "no such file"
+        raise HarnessError(f"--draft {kind}:{head}: {what}: give the path of the head's GGUF")
     f = read(path)
     want = {"draft-eagle3": "eagle3", "draft-dflash": "dflash"}.get(kind)
     if want and f["architecture"] != want:

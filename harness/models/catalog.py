@@ -164,8 +164,11 @@ def check_gguf_file(path: Path) -> None:
         raise HarnessError(f"model file {path} does not exist")
     if not path.is_file():
         raise HarnessError(f"model path {path} is not a file")
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:  # a read's failure, not a write's (os_error_line would say --out)
+        raise HarnessError(f"cannot read model file {path}: {e.strerror or e}; check its permissions") from None
     if magic != GGUF_MAGIC:
         raise HarnessError(f"{path} is not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
 

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +156,10 @@ def _ollama_names(blobs: Path) -> dict[str, str]:
 
 
 def _is_gguf(path: Path) -> bool:
+    """A regular file whose first bytes say GGUF (stat first: opening a FIFO would block for ever)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, "rb") as f:
             return f.read(4) == GGUF_MAGIC
     except OSError:
@@ -186,9 +190,13 @@ def find_files(roots: list[Path], files: list[Path] = ()) -> tuple[list[Found], 
     split models are left to their first. Returns them and the split models with a part missing."""
     names: dict[str, str] = {}
     paths: list[Path] = list(files)
+    skipped: list[dict] = []
+
+    def unreadable(e: OSError) -> None:  # a folder os.walk cannot list: said, not passed over in silence
+        skipped.append({"path": str(e.filename), "kind": "unreadable folder", "why": e.strerror or str(e)})
     for root in roots:
         seen_dirs: set[str] = set()
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=True):
             real = os.path.realpath(dirpath)
             if real in seen_dirs:
                 dirnames[:] = []
@@ -201,7 +209,6 @@ def find_files(roots: list[Path], files: list[Path] = ()) -> tuple[list[Found], 
                 if f.lower().endswith(".gguf") or ("." not in f and _is_gguf(p)):
                     paths.append(p)
     found: dict[tuple[int, int], Found] = {}
-    skipped = []
     for p in paths:
         try:
             st = p.stat()

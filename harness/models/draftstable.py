@@ -3,6 +3,7 @@ JSON: the printer apart from what it prints."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -59,6 +60,11 @@ def drafts_command(target_ref: str, paths: list[str], as_json: bool, align: Alig
     roots, files = [], []
     for p in map(Path, paths):
         if p.is_dir():
+            try:
+                os.scandir(p).close()
+            except OSError as e:  # a folder named and not readable is an error, not "no GGUF found"
+                raise HarnessError(f"{p}: cannot read the folder ({e.strerror or e}): check its permissions") \
+                    from None
             roots.append(p)
         elif p.is_file():
             files.append(p)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ _STRING, _ARRAY = 8, 9
 _TOKENS = "tokenizer.ggml.tokens"
 GGML_MAX_DIMS = 4
 LLAMA_MAX_LAYERS = 512  # a model's numeric array this short may hold per-layer values (expert_used_count): kept
+MAX_NESTING = 16  # arrays inside arrays: read recursively, refused deeper than this
 _EXPERTS = re.compile(rb"blk\.(\d+)\.ffn_\w+_exps\.")  # the routed experts' tensors (llama-arch.cpp: *_exps)
 
 
@@ -56,6 +58,7 @@ class _Reader:
     def __init__(self, buf, endian: str):
         self.buf, self.e, self.pos, self.size = buf, endian, 0, len(buf)
         self.numbers: list | None = None  # the values of the last short numeric array read
+        self.depth = 0  # arrays of arrays being read, one inside the other
 
     def take(self, fmt: str):
         s = struct.Struct(self.e + fmt)
@@ -117,8 +120,13 @@ class _Reader:
                 if n <= LLAMA_MAX_LAYERS:
                     self.numbers = list(struct.unpack_from(f"{self.e}{n}{_SCALAR[it]}", self.buf, start))
             elif it == _ARRAY:
+                self.depth += 1
+                if self.depth > MAX_NESTING:
+                    raise Unreadable("unreadable", f"arrays nested more than {MAX_NESTING} deep, which no model "
+                                                   "holds: a damaged or hostile file")
                 for _ in range(n):
                     self.value(_ARRAY)
+                self.depth -= 1
                 self.numbers = None
             else:
                 raise Unreadable("unreadable", f"an array of unknown GGUF type {it}")
@@ -135,7 +143,10 @@ def read_header(path: Path, total_bytes: int | None = None) -> Header:
     """The key-value section and tensor list of a GGUF file, checked against its size; raises Unreadable."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block the open, a folder fail it
+            raise Unreadable("not a file", "not a regular file (a folder, FIFO or device): give a GGUF file")
+        size = st.st_size
         with open(path, "rb") as f:
             magic = f.read(4)
             if magic != GGUF_MAGIC:
