@@ -125,7 +125,8 @@ SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": i
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
                 "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int,
                 "timed_scope": str, "min_gain": (int, float), "prompt_cache": bool, "also": list, "engine": str,
-                "llama_server": str, "server_check": int, "start_timeout": (int, float), "request_timeout": (int, float)}
+                "llama_server": str, "server_check": int, "start_timeout": (int, float),
+                "request_timeout": (int, float)}
 
 
 def make_params(profile: dict, overrides: dict) -> Params:

@@ -137,7 +137,7 @@ def test_timed_subset_times_what_the_replay_chose(replay):
     chosen = {(results[c]["draft"], results[c]["gamma"], results[c]["policy"]["temperature"]) for c in timed}
     for temp in (0.0, 0.8):  # gamma 1 always, beside each proposer's predicted best
         assert {(D, 1, temp), ("ngram:2", 1, temp)} <= chosen
-    # the predicted verdicts answer, on the first screen; the timed ones check them, in the diagnostics
-    assert "## Predicted from every prompt (replay)" in md.split("## Contents")[0]
+    # the predicted verdicts answer, the bottom line first; the timed ones check them, in the diagnostics
+    assert "## The bottom line" in md.split("## Contents")[0] and "## Predicted from every prompt (replay)" in md
     assert "## Verdict per category" in diagnostics_md(run) and "## Verdict per category" not in md
     assert "## Drift" not in md + diagnostics_md(run)  # the timed subset is paired; the baselines ran once

@@ -313,16 +313,20 @@ def check_ms(inst: Instance, prompts: list[tuple[int, int]], params: Params, fig
 
 
 def server_check_ms(instances: list[Instance], prompts: list, params: Params, fig: Figures) -> float:
-    """--server-check (bench.confirm) as the budget plans it: per target, one check (check_ms) on a category's
-    first N prompts, the mean over its baselines and categories. The run goes on checking the other answers while
-    its budget lasts (bench.confirm orders them), so this is what the cuts keep, not all it spends."""
+    """--server-check (bench.confirm) as the budget plans it: per target, one bottom line's check (check_ms) on the
+    first prompts of every category, POOLED_MIN of them at least (crosscheck.checks), the mean over its policies.
+    The run goes on checking the other bottom lines and the answers per category while its budget lasts
+    (bench.confirm orders them), so this is what the cuts keep, not all it spends."""
     from harness.bench.subset import first_prompts
+    from harness.crosscheck.checks import POOLED_MIN
+    cats = first_prompts(prompts, POOLED_MIN)
+    k = -(-POOLED_MIN // len(cats)) if cats else 0
+    pooled = [p for ps in cats.values() for p in ps[:k]]
     groups: dict[str, list[float]] = {}
     for b in instances:
         if b.baseline:
-            for ps in first_prompts(prompts, params.server_check).values():
-                pairs = [(fig.tokens(b.target, p), params.max_tokens or p.max_tokens) for p in ps]
-                groups.setdefault(b.target, []).append(check_ms(b, pairs, params, fig))
+            pairs = [(fig.tokens(b.target, p), params.max_tokens or p.max_tokens) for p in pooled]
+            groups.setdefault(b.target, []).append(check_ms(b, pairs, params, fig))
     return sum(sum(ms) / len(ms) for ms in groups.values())
 
 

@@ -85,9 +85,11 @@ def _summary(plan: dict) -> str:
     targets = ", ".join(names) + (f" ({arch.pop()})" if len(arch) == 1 else "") if len(arch) <= 1 else \
         ", ".join(t + (f" ({words(models[t]['arch'])})" if models.get(t, {}).get("arch") else "") for t in names)
     drafts = list(dict.fromkeys(d for q in sweeps for d in q.get("draft", p.get("draft", [])) if d != "none"))
-    gammas = sorted({int(g) for g in p.get("gamma", [])})
-    gamma = f"{gammas[0]}-{gammas[-1]}" if len(gammas) > 2 and gammas == list(range(gammas[0], gammas[-1] + 1)) \
-        else ", ".join(map(str, gammas))
+    given = [str(g) for g in p.get("gamma", [])]
+    gammas = sorted({int(g) for g in given if g.isdigit()})  # fixed ones; adaptive ones (auto:4) as written
+    ranged = len(gammas) > 2 and gammas == list(range(gammas[0], gammas[-1] + 1))
+    gamma = ", ".join(([f"{gammas[0]}-{gammas[-1]}"] if ranged else list(map(str, gammas)))
+                      + list(dict.fromkeys(g for g in given if not g.isdigit())))
     # a long list of drafts is counted here; "Machine and run" and the tables name them
     said = f"drafts {', '.join(drafts) or 'none'}" if len(drafts) < 4 else f"{len(drafts)} drafts"
     return (f"Target{'s' * (len(names) > 1)} {targets}; {said}; gamma {gamma}; "
