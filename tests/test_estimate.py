@@ -292,18 +292,19 @@ def test_requests_decoded_together_share_each_steps_time():
 
 
 def test_the_llama_server_check_by_hand():
-    """What the budget keeps of the check: per target, one group (the mean over its policies and categories; here
-    all alike) on its category's first prompt (100 tokens, 32 out): a speculative server and its plain twin, each a
-    server start (worker and model load) evaluating the prompt and decoding 32 tokens at the plain pace."""
+    """What the budget keeps of the check: per target, one bottom line's (the mean over its policies) on the first
+    prompts of every category, POOLED_MIN at least (here both prompts of each of 2 categories: 4 of 100 tokens, 32
+    out): a speculative server and its plain twin, each a server start (worker and model load) evaluating the
+    prompts and decoding 32 tokens each at the plain pace."""
     ps = prompts(2)
     p = replace(PARAMS, server_check=1)
     parts = remaining_parts([], [BASE, SBASE, SPEC], {}, ps, p, None, {"timed": True}, figures(ps))
-    one = 100 * 5 + 32 * 30 + (WORKER_S + MODEL_S) * 1000
+    one = 2 * (4 * (100 * 5 + 32 * 30) + (WORKER_S + MODEL_S) * 1000)
     assert list(parts)[-3:] == ["llama-server check", "worker starts and model loads", "reports"]
-    assert parts["llama-server check"] * 1000 == pytest.approx(2 * one)
+    assert parts["llama-server check"] * 1000 == pytest.approx(one)
     other = replace(BASE, target=T2)
     two = remaining_parts([], [BASE, SBASE, other], {}, ps, p, None, {"timed": True}, figures(ps))
-    assert two["llama-server check"] * 1000 == pytest.approx(2 * 2 * one)
+    assert two["llama-server check"] * 1000 == pytest.approx(2 * one)
     assert "llama-server check" not in remaining_parts([], [BASE], {}, ps, PARAMS, None, {"timed": True},
                                                        figures(ps))
 

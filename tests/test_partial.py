@@ -103,9 +103,8 @@ def test_a_resume_after_a_kill_in_the_replay_and_in_the_timed_subset(replay, tmp
         assert [r for r in read_records(f) if r.get("kept")] == [json.loads(x) for x in kept.splitlines()]
     twin = run / "paired" / "traces" / f.name
     assert _per_prompt(twin, "generation") == prompts
-    new = report_md(run)
     acceptance = "## Acceptance (models, prompts and policy only)"
-    assert md_table(new, acceptance) == md_table(md, acceptance)
+    assert md_table(diagnostics_md(run), acceptance) == md_table(diagnostics_md(original), acceptance)
     for cat in ("code", "chat"):  # proposed, accepted, acceptance, alpha, tokens per call: no time in them
         per = [m.split("## Per category", 1)[1] for m in (diagnostics_md(original), diagnostics_md(run))]
         assert md_table(per[1], f"### {cat}") == md_table(per[0], f"### {cat}"), cat

@@ -236,13 +236,12 @@ def commands(b: dict) -> list[str]:
     lives and its version, and for a draft model LM Studio's settings (it runs the same llama.cpp)."""
     if engine_figure(b)["verdict"] != SPECULATE or not b.get("server"):
         return []
-    out = [f"`{b['target']}`, {b['policy']}, in llama-server:", "```sh", b["server"], "```"]
+    said = "" if b.get("server_binary") else " (not measured there; `make native` builds it)"
+    out = [f"`{b['target']}`, {b['policy']}, in llama-server{said}:", "```sh", b["server"], "```"]
     if b.get("server_binary"):
         home = str(Path.home())
         where = b["server_binary"].replace(home, "~", 1) if b["server_binary"].startswith(home) else b["server_binary"]
         out.append(f"The llama-server measured: `{where}` (`make native`'s build), {b.get('server_tool') or ''}.")
-    else:
-        out.append("Not measured in llama-server; `make native` builds it under `~/.cache/harness/native/`.")
     inst = b.get("instance")
     if inst is not None and inst.draft.model and not inst.draft.server_only:
         out.append(f"In LM Studio (the same llama.cpp): Speculative Decoding, Draft Model {inst.draft.model}, "
