@@ -318,9 +318,9 @@ def server_check_ms(instances: list[Instance], prompts: list, params: Params, fi
     The run goes on checking the other bottom lines and the answers per category while its budget lasts
     (bench.confirm orders them), so this is what the cuts keep, not all it spends."""
     from harness.bench.subset import first_prompts
-    from harness.crosscheck.checks import POOLED_MIN
+    from harness.crosscheck.checks import POOLED_MIN, pooled_share
     cats = first_prompts(prompts, POOLED_MIN)
-    k = -(-POOLED_MIN // len(cats)) if cats else 0
+    k = pooled_share(len(cats))
     pooled = [p for ps in cats.values() for p in ps[:k]]
     groups: dict[str, list[float]] = {}
     for b in instances:

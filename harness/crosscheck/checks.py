@@ -67,9 +67,14 @@ def run_prompts(plan: dict, category: str, per_category: int = 0) -> list:
             out.append(p)
     if category == ALL:  # the bottom line's: the first prompts of each category, POOLED_MIN of them at least
         cats = list(dict.fromkeys(p.category for p in out))
-        k = -(-POOLED_MIN // len(cats)) if cats else 0
+        k = pooled_share(len(cats))
         return [p for c in cats for p in [q for q in out if q.category == c][:k]]
     return out[:per_category] if per_category else out
+
+
+def pooled_share(categories: int) -> int:
+    """Prompts per category behind a bottom line's check: POOLED_MIN at least, spread evenly."""
+    return -(-POOLED_MIN // categories) if categories else 0
 
 
 def tokenize(target_path: Path, prompts: list, max_tokens: int) -> list[tuple[str, list[int], int]]:
