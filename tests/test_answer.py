@@ -170,3 +170,21 @@ def test_an_adaptive_best_runs_the_best_fixed_gamma_in_llama_cpp():
     assert a["instance"].gamma == 3 and not a["instance"].adaptive
     assert "--spec-draft-n-max 3" in a["server"]
     assert "best fixed gamma, 3 (1.50x [1.30, 1.70] predicted)" in a["note"]
+
+
+def test_a_timed_run_without_a_replay_gets_a_bottom_line_over_every_category():
+    """A committed timed run of 4 categories: its bottom line pools them (category "all"), one per policy, on
+    every prompt its categories ran, with the baseline's pace and the paired twins' beside it."""
+    from pathlib import Path
+
+    from harness.report.tables import compute
+    from harness.rundir import read_plan
+    run = Path(__file__).resolve().parent.parent / "reports" / "runs" / "20261202-054828-vm"
+    data, plan = compute(run), read_plan(run)
+    bottom, per_category = answers(data, plan, pooled=True), answers(data, plan)
+    assert {a["category"] for a in bottom} == {"all"}
+    assert sorted(a["policy"] for a in bottom) == sorted({a["policy"] for a in per_category})
+    for b in bottom:
+        mine = [a for a in per_category if a["policy"] == b["policy"]]
+        assert b["prompts"] == sum(a["prompts"] for a in mine) and b["source"].startswith("timed")
+        assert b["plain_tokens_per_s"] > 0 and b["twin_tokens_per_s"] > 0 and b["engine"] == "harness"

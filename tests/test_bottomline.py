@@ -107,3 +107,29 @@ def test_evidence_warns_of_short_outputs_and_a_single_policy():
     assert "**short outputs** (16 < 128 tokens)" in text and "**one policy** for F16" in text
     long = "\n".join(bl.evidence(plan | {"params": {"max_tokens": 128}, "budget": {}}, None, bottom[:2]))
     assert "Mind" not in long
+
+
+def test_a_timed_bottom_line_says_so_and_a_server_engine_run_is_llama_servers_own():
+    timed = _answer(F16, SPECULATE, 1.5, 10.0, source="timed on 5 prompt(s)", prompts=5)
+    assert "(the harness's own loop, timed on 5 prompts; not run in llama-server)" in bl.sentence(timed)
+    server = timed | {"engine": "server"}
+    e = bl.engine_figure(server)
+    assert e["engine"] == "llama-server" and e.get("own")
+    line = bl.sentence(server)
+    assert "10.0 → 15.0 tok/s in llama-server" in line and "(timed on 5 prompts)" in line
+    assert "harness's own loop" not in line
+    assert "(server)" in "\n".join(bl.quantization([server, _answer(Q4, NO_GAIN, 1.0, 30.0)], MODELS, None))
+
+
+def test_evidence_states_the_plain_references_beside_the_baseline():
+    """The baseline's pace, the paired twins' and llama-server's plain, and which of them a speedup is against."""
+    plan = {"params": {"max_tokens": 128}, "models": MODELS}
+    timed = _answer(F16, SPECULATE, 1.7, 9.0, source="timed on 5 prompt(s)", twin_tokens_per_s=9.5,
+                    server_plain_tps=9.1)
+    predicted = _answer(Q4, NO_GAIN, 1.0, 30.0, source="predicted from every prompt", twin_tokens_per_s=31.0)
+    text = " ".join(bl.evidence(plan, None, [timed, predicted]))
+    assert "F16 greedy: baseline 9.0, twins 9.5, llama-server 9.1" in text
+    assert "Q4_K_M greedy: baseline 30.0, twins 31.0" in text
+    assert "Timed speedups are against the paired twins" in text and "Predictions price plain decoding" in text
+    alone = " ".join(bl.evidence(plan, None, [_answer(Q4, NO_GAIN, 1.0, 30.0)]))  # one pace: nothing beside it
+    assert "Plain references" not in alone

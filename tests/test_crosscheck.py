@@ -12,7 +12,7 @@ import pytest
 
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SPECULATE
 from harness.analysis import serverstats as stats
-from harness.crosscheck.checks import server_args
+from harness.crosscheck.checks import pooled_share, server_args
 from tests.helpers import copy_run, harness, one_line_error
 
 
@@ -70,10 +70,15 @@ def test_pairs_per_prompt_with_a_t_interval(run, fake, tmp_path):
     assert r.returncode == 0, r.stderr
     got = rows(run)
     plan = json.loads((run / "plan.json").read_text())
-    assert len(got) == 4  # two categories x two policies: one configuration each
+    # two categories x two policies, and each policy's bottom line (its categories pooled): one configuration each
+    assert len(got) == 6 and sum(x["category"] == "all" for x in got) == 2
     for row in got:
         ids = [p["id"] for p in row["prompts"]]
-        assert ids == [i for i in plan["prompt_ids"] if i.startswith(row["category"])]
+        of: dict[str, list[str]] = {}
+        for i in plan["prompt_ids"]:
+            of.setdefault(i.rsplit("-", 1)[0], []).append(i)
+        k = pooled_share(len(of))  # the bottom line's: the first of each category
+        assert ids == (of[row["category"]] if row["category"] != "all" else [i for c in of for i in of[c][:k]])
         assert not any(a.startswith("--spec-") for a in row["plain_command"])
         assert "--spec-type" in row["speculative_command"]
         ratios = [1.5 * factor(p["n_prompt"]) for p in row["prompts"]]
@@ -90,12 +95,14 @@ def test_pairs_per_prompt_with_a_t_interval(run, fake, tmp_path):
                                      pytest.approx(math.exp(mean + h), rel=1e-6))
         acc = sum(6 + p["n_prompt"] % 2 for p in row["prompts"]) / sum(10 + p["n_prompt"] % 3 for p in row["prompts"])
         assert x["acceptance"] == pytest.approx(acc)
-        assert x["same_output"] == [2, 2]
+        assert x["same_output"] == [len(ids), len(ids)]
         assert row["tool"] == "version: 4242 (fake0000)"
         assert row["harness"]["speedup"] is not None and row["harness"]["acceptance"] is not None
     sent = requests(log)
-    p, q = ["plain"] * 2, ["speculative"] * 2  # one server after the other, which goes first alternating
-    assert [x["role"] for x in sent] == (p + q + q + p) * 2
+    # one server after the other, which goes first alternating
+    pairs = [(["plain"] * len(x["prompts"]), ["speculative"] * len(x["prompts"])) for x in got]
+    assert [x["role"] for x in sent] == [r for k, (p, q) in enumerate(pairs) for r in ((p + q) if k % 2 == 0
+                                                                                        else (q + p))]
     for q in sent:
         b = q["body"]
         assert isinstance(b["prompt"], list) and all(isinstance(t, int) for t in b["prompt"])
@@ -111,7 +118,8 @@ def test_a_rerun_keeps_finished_rows(run, fake, tmp_path):
     """A server that dies mid-run: one line, the configurations finished before it kept; a rerun measures only
     what is missing."""
     counter, log = tmp_path / "count", tmp_path / "requests.jsonl"
-    env = {"FAKE_SERVER_COUNTER": str(counter), "FAKE_SERVER_LIMIT": "9", "FAKE_SERVER_LOG": str(log)}
+    # the two bottom lines first (4 prompts each, 2 requests a prompt), then it dies
+    env = {"FAKE_SERVER_COUNTER": str(counter), "FAKE_SERVER_LIMIT": "17", "FAKE_SERVER_LOG": str(log)}
     r = harness("crosscheck", run, "--llama-server", fake, env=env)
     one_line_error(r, "died", "prompt", "GGML_ASSERT", "2 configuration(s) finished and kept")
     first = rows(run)
@@ -121,8 +129,8 @@ def test_a_rerun_keeps_finished_rows(run, fake, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "kept from crosscheck.json" in r.stderr
     again = rows(run)
-    assert len(again) == 4 and [x for x in again if x["key"] in {f["key"] for f in first}] == first
-    assert len(requests(log)) == 2 * 2 * 2  # only the two missing configurations
+    assert len(again) == 6 and [x for x in again if x["key"] in {f["key"] for f in first}] == first
+    assert len(requests(log)) == 4 * 2 * 2  # only the four missing configurations
 
 
 def test_only_speculate_with_no_speculate_answer(run, fake):

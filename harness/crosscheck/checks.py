@@ -100,7 +100,8 @@ def harness_figures(data: dict[str, pl.DataFrame], a: dict, inst) -> dict:
     out = {"speedup": a["speedup"], "lo": a["lo"], "hi": a["hi"], "acceptance": None, "acceptance_lo": None,
            "acceptance_hi": None}
     timed = a["source"].startswith("timed")  # "timed on N prompt(s)", or "predicted from every prompt"
-    rows = data.get("sweep" if timed else "replay_pooled" if a["category"] == ALL else "replay")
+    pooled = a["category"] == ALL
+    rows = data.get(("sweep_pooled" if pooled else "sweep") if timed else "replay_pooled" if pooled else "replay")
     if rows is None or not len(rows):
         return out
     if timed:

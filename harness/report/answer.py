@@ -33,9 +33,10 @@ def answers(data: dict[str, pl.DataFrame], plan: dict, pooled: bool = False) -> 
     n_ctx = plan.get("params", {}).get("n_ctx", 2048)
     v, sweep = data.get("verdicts"), data.get("sweep")
     replay = data.get("pooled_verdicts" if pooled else "replay_verdicts")
-    if pooled and (replay is None or not len(replay)):
-        return []
-    if replay is not None and len(replay):
+    engine = {"engine": plan.get("params", {}).get("engine") or "harness"}
+    if pooled and (replay is None or not len(replay)):  # a timed run's: over every category at once
+        v, sweep = data.get("timed_pooled_verdicts"), data.get("sweep_pooled")
+    elif replay is not None and len(replay):
         timed = {} if v is None or not len(v) else {tuple(r[k] for k in GROUP): r for r in v.iter_rows(named=True)}
         out = []
         server = data.get("llama_server")
@@ -57,11 +58,22 @@ def answers(data: dict[str, pl.DataFrame], plan: dict, pooled: bool = False) -> 
         if pooled:  # per target (in the plan's order), greedy first
             first = list(dict.fromkeys(a["target"] for a in out))
             out.sort(key=lambda a: (first.index(a["target"]), a["policy"] != "greedy"))
-        return [_in_server(a, server, n_ctx) | {"plain_tokens_per_s": plain_pace(sweep, a)} for a in out]
+        return [_in_server(a, server, n_ctx) | paces(sweep, a) | engine for a in out]
     if v is None or not len(v):
         return []
-    return [_in_server(_timed(r, by_id, n_ctx, sweep) | {"check": ""}, data.get("llama_server"), n_ctx)
-            | {"plain_tokens_per_s": plain_pace(sweep, r)} for r in v.iter_rows(named=True)]
+    timed = [_timed(r, by_id, n_ctx, sweep) | {"check": ""} for r in v.iter_rows(named=True)]
+    return [_in_server(a, data.get("llama_server"), n_ctx) | paces(sweep, a) | engine for a in timed]
+
+
+def paces(sweep: pl.DataFrame | None, a: dict) -> dict:
+    """The plain paces beside an answer: its baseline's over every prompt, and its configuration's paired plain
+    twins' where it ran beside them (the speedup's reference then)."""
+    twins = None
+    rows = sweep.filter(pl.col("config") == a["instance"].id) if sweep is not None and len(sweep) and \
+        a.get("instance") is not None and "paired_tokens_per_ms" in sweep.columns else None
+    if rows is not None and len(rows := rows.drop_nulls("paired_tokens_per_ms")):
+        twins = rows["tokens"].sum() / (rows["tokens"] / rows["paired_tokens_per_ms"]).sum() * 1000
+    return {"plain_tokens_per_s": plain_pace(sweep, a), "twin_tokens_per_s": twins}
 
 
 SERVER_KEYS = ("server_flags", "server_speedup", "server_lo", "server_hi", "server_acceptance", "server_reading",

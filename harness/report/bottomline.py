@@ -52,8 +52,10 @@ def engine_figure(a: dict) -> dict:
             reading(a["server_lo"], a["server_hi"], a["min_gain"])
         return {"engine": "llama-server", "speedup": a["server_speedup"], "lo": a["server_lo"], "hi": a["server_hi"],
                 "verdict": v, "plain": a.get("server_plain_tps"), "prompts": n}
-    return {"engine": "harness", "speedup": a["speedup"], "lo": a["lo"], "hi": a["hi"], "verdict": a["verdict"],
-            "plain": a.get("plain_tokens_per_s"), "prompts": a.get("prompts"), "adjusted": a.get("adjusted")}
+    # --engine server timed llama-server itself
+    return {"engine": "llama-server" if a.get("engine") == "server" else "harness", "speedup": a["speedup"],
+            "lo": a["lo"], "hi": a["hi"], "verdict": a["verdict"], "plain": a.get("plain_tokens_per_s"),
+            "prompts": a.get("prompts"), "adjusted": a.get("adjusted"), "own": a.get("engine") == "server"}
 
 
 def further(a: dict) -> str:
@@ -95,18 +97,36 @@ def sentence(a: dict) -> str:
                 f"{settle}")
     else:
         return f"**no verdict** ({e['verdict']}): {a.get('why') or 'see the answers per category'}"
-    if e["engine"] == "llama-server":
+    if e.get("own"):  # the run's own engine was llama-server
+        line += f" ({source(a)})"
+    elif e["engine"] == "llama-server":
         own = ci(a["speedup"], a["lo"], a["hi"], unit="x")
         differs = "" if e["verdict"] == a["verdict"] else f"; it said {a['verdict']}: llama-server's figure decides"
-        line += f" over {rest}. The harness's own loop: {own}, predicted from {a['prompts']} prompts{differs}"
+        line += f" over {rest}. The harness's own loop: {own}, {source(a)}{differs}"
     else:
-        line += f" (the harness's own loop, predicted from {rest}"
+        line += f" (the harness's own loop, {source(a)}"
         line += f"; in llama-server {per_prompt(a['server_ratios'])}, too few for an interval)" \
             if a.get("server_speedup") is not None else "; not run in llama-server)"
     if e["verdict"] == SPECULATE and a.get("accepted_len") is not None:
         line += (f". {a['accepted_len']:.2f} drafts accepted a step ({a['accepted_len'] + 1:.2f} tokens a step as "
                  "llama.cpp and vLLM count it)")
     return line
+
+
+def source(a: dict) -> str:
+    """What an answer's figure rests on: 'predicted from 60 prompts', 'timed on 5 prompts'."""
+    n = a.get("prompts") or 0
+    how = "timed on" if (a.get("source") or "").startswith("timed") else "predicted from"
+    return f"{how} {n} prompt{'s' * (n != 1)}"
+
+
+def references(a: dict) -> str:
+    """The plain paces behind a bottom line's speedup, side by side: the baseline's, the paired twins' (the
+    reference where the run paired them) and llama-server's plain twins' where it ran there; '' with fewer than
+    two."""
+    said = [(what, x) for what, x in (("baseline", a.get("plain_tokens_per_s")), ("twins", a.get("twin_tokens_per_s")),
+                                       ("llama-server", a.get("server_plain_tps"))) if x]
+    return ", ".join(f"{what} {x:.1f}" for what, x in said) if len(said) > 1 else ""
 
 
 def differs(rows: list[dict], bottom: dict) -> list[dict]:
@@ -286,7 +306,14 @@ def evidence(plan: dict, sweep: pl.DataFrame | None, bottom: list[dict]) -> list
     warn = ([f"**short outputs** ({tokens} < {SHORT_OUTPUT} tokens)"] if short_ else []) \
         + ([f"**one policy** for {', '.join(one)}"] if one else [])
     if warn:
-        out.append(f"Mind the {' and '.join(warn)}: longer or sampled outputs may differ.")
+        differ = " or ".join(["longer"] * bool(short_) + ["sampled"] * bool(one))
+        out.append(f"Mind the {' and '.join(warn)}: {differ} outputs may differ.")
+    refs = [f"{label(b['target'], models, list(pols))} {b['policy']}: {x}" for b in bottom if (x := references(b))]
+    if refs:
+        timed = {(b.get("source") or "").startswith("timed") for b in bottom}
+        against = ["Timed speedups are against the paired twins where the run paired them, else the baseline."] \
+            * (True in timed) + ["Predictions price plain decoding at the baseline's pace."] * (False in timed)
+        out.append("Plain references, tok/s: " + "; ".join(refs) + ". " + " ".join(against))
     if any(engine_figure(b).get("adjusted") for b in bottom):
         out.append("*: the interval widened for having picked the best of the configurations tried.")
     return out + [""]

@@ -30,8 +30,8 @@ def render_markdown(run_dir: Path, data: dict[str, pl.DataFrame], md_dir: Path) 
     else:
         # the bottom line per target (over every prompt at once), the targets side by side, what it rests on and
         # its plot; then the answer per category in words, and its table: with a replay, the verdicts predicted
-        # from every prompt (the timed ones check them, in the diagnostics), else the timed ones. A run without
-        # a replay has no bottom line: its answer per category comes first.
+        # from every prompt (the timed ones check them, in the diagnostics), else the timed ones (pooled over
+        # the categories for the bottom line).
         rows = answer.answers(data, plan)
         bottom = answer.answers(data, plan, pooled=True)
         models = plan.get("models", {})

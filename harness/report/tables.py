@@ -8,68 +8,18 @@ from pathlib import Path
 import polars as pl
 
 from harness.analysis import metrics, verdict
+from harness.analysis.predict import ALL
 from harness.analysis.evidence import generation_steps, intervals_frame, row_evidence
 from harness.concurrency.figures import concurrency_frame
-from harness.instance import Instance
 from harness.plan import Params, prompt_pool
 from harness.report import llamaserver
+from harness.report.configs import config_frame, units_frame
 from harness.report.costs import cost_model
 from harness.report.verdicts import LEVEL_BASELINE, noise_frame, replay_levels, verdicts, verdicts_frame
 from harness.rundir import (DRIFT_DIR, FIDELITY_FILE, PAIRED_DIR, REPLAY_DIR, finished, load_records, noise_records,
                             ok_units, read_plan)
 
 BASE_KEYS = ["target", "policy", "ngl", "threads", "setup", "category"]
-
-
-def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
-    rows = []
-    for d in plan["instances"]:
-        inst = Instance.from_dict(d)
-        res = results.get(inst.id, {})
-        # a llama-server unit's (bench.serverunit) peak RSS would be the harness's, not the server's: unknown
-        rss = None if res.get("llama_server") else res.get("peak_rss_bytes")
-        rows.append({"config": inst.id, "target": inst.target, "setup": inst.setup, "cache_k": inst.cache_k,
-                     "cache_v": inst.cache_v, "flash_attn": inst.flash_attn, "ubatch": inst.ubatch,
-                     "draft": str(inst.draft), "draft_label": inst.draft_label,
-                     "verify": inst.verify, "p_min": inst.p_min, "n_min": inst.n_min, "gamma": inst.gamma,
-                     "adaptive": inst.adaptive, "gamma_label": inst.gamma_label,
-                     "policy": inst.policy.label, "ngl": inst.ngl, "ngl_draft": inst.ngl_draft,
-                     "threads": inst.threads, "parallel": inst.parallel, "kv_unified": inst.kv_unified,
-                     "status": res.get("status", "not run"),
-                     "error": res.get("error", ""), "peak_rss_bytes": rss,
-                     "kv_bytes": res.get("kv_bytes"), "kv_bytes_per_position": res.get("kv_bytes_per_position"),
-                     "target_bytes": res.get("target_bytes"),
-                     "draft_bytes": res.get("draft_bytes")} | memory_columns(res))
-    return pl.DataFrame(rows, infer_schema_length=None)
-
-
-def memory_columns(res: dict) -> dict:
-    """llama.cpp's buffers of a configuration's worker, both models summed, on the host and on devices: weights,
-    KV cache, compute (logits output included); the devices' names; what flash attention resolved to."""
-    from harness.llamacpp import on_host
-    mem = res.get("memory")
-    out = {f"{where}_{kind}_bytes": None if mem is None else 0 for where in ("host", "device")
-           for kind in ("model", "kv", "compute")}
-    devices, weights = set(), {}
-    for b in mem or []:
-        where = "host" if on_host(b["buffer"]) else "device"
-        if where == "device":
-            devices.add(b["buffer"])
-        kind = {"output": "compute", "rs": "kv"}.get(b["kind"], b["kind"])
-        out[f"{where}_{kind}_bytes"] += b["bytes"]
-        if kind == "model":
-            w = weights.setdefault(b.get("model", "target"), {})
-            w[b["buffer"]] = w.get(b["buffer"], 0) + b["bytes"]
-    # what the worker's engines resolved flash attention to; a row that never ran (skipped, an error) carries only
-    # the setting asked for, a string
-    fa = res.get("flash_attn") if isinstance(res.get("flash_attn"), dict) else {}
-    # weights by buffer type: mapped from the file, and copies llama.cpp repacks for its CPU kernels (CPU_REPACK)
-    by_buffer = {f"{role}_weights": " + ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sorted(weights.get(role, {})
-                                                                                               .items())) or None
-                 for role in ("target", "draft")}
-    return out | by_buffer | {"rss_before_models": res.get("rss_before_models"),
-                  "devices": ", ".join(sorted(devices)) if mem is not None else None,
-                  "flash_attn_used": None if not fa else all(v for v in fa.values() if v is not None)}
 
 
 def _compact(df: pl.DataFrame, key_col: str, val_col: str, fmt: str) -> pl.DataFrame:
@@ -101,6 +51,8 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     if conc is not None:
         out["concurrency"] = conc
     out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg, own_costs, out["noise"])
+    if not len(out.get("pooled_verdicts", ())):
+        out |= timed_pooled(run_dir, plan, cfg, ok, sweep, out)
     out["timing_floor"] = m["timing_floor"]
     if plan["params"].get("engine") == "server":
         out["server_pooled"] = llamaserver.pooled(records, p_records, cfg, out["noise"])
@@ -110,13 +62,14 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     return out
 
 
-def measured(run_dir: Path, cfg: pl.DataFrame, units: set[str]) -> dict | None:
+def measured(run_dir: Path, cfg: pl.DataFrame, units: set[str], pool: bool = False) -> dict | None:
     """The sweep (per configuration x category: throughput, acceptance, intervals) from the given units' traces,
-    with the frames it was made of; None where they hold no generation."""
+    with the frames it was made of; None where they hold no generation. pool: every category as one (ALL)."""
     records = load_records(run_dir, units)
-    steps, gens = metrics.frames(records)
     p_records = load_records(run_dir / PAIRED_DIR, units)  # each with its configuration's id
-    p_steps, p_gens = metrics.frames(p_records)
+    (steps, gens), (p_steps, p_gens) = (
+        tuple(f.with_columns(pl.lit(ALL).alias("category")) if pool and "category" in f.columns else f
+              for f in metrics.frames(r)) for r in (records, p_records))
     if not len(gens):
         return None
     keys = ["config", "category"]
@@ -215,6 +168,19 @@ def run_verdicts(run_dir: Path, plan: dict, results: dict[str, dict], cfg: pl.Da
     return verdicts_frame(rows) if rows else pl.DataFrame()
 
 
+def timed_pooled(run_dir: Path, plan: dict, cfg: pl.DataFrame, units: set[str], sweep: pl.DataFrame,
+                 out: dict) -> dict[str, pl.DataFrame]:
+    """A run without a replay: its timed verdicts over every category at once (category ALL; the bottom line's),
+    or its one category's where it measured one."""
+    if sweep["category"].n_unique() == 1:
+        return {"sweep_pooled": sweep, "timed_pooled_verdicts": out["verdicts"]}
+    pooled = measured(run_dir, cfg, units, pool=True)["sweep"]
+    tried = plan.get("timed_in_sample") or {}
+    return {"sweep_pooled": pooled, "timed_pooled_verdicts": verdicts(
+        pooled, out["noise"], plan.get("params", {}).get("min_gain", verdict.MIN_GAIN),
+        tried={ALL: max(tried.values())} if tried else None)}
+
+
 def pool_sizes(plan: dict) -> dict[str, int]:
     """The most prompts each category can reach (what --until-confident draws from): recorded in the plan, or for
     an older run its prompt files read again."""
@@ -233,7 +199,7 @@ def replay_frames(run_dir: Path, plan: dict, sweep: pl.DataFrame, gens: pl.DataF
     where the sweep ran them; "replay_costs": the decode costs the predictions used. Empty without a replay.
     own_costs: each timed configuration's decode costs, measured in its worker (calibrate.unit_costs). noise: per
     configuration, whether it ran busy (noise_frame): a busy baseline levels nothing (replay_levels)."""
-    from harness.analysis.predict import ALL, plain_decode_ms, predictions
+    from harness.analysis.predict import plain_decode_ms, predictions
     d = run_dir / REPLAY_DIR
     units = ok_units(d) if d.is_dir() else set()
     if not units:
@@ -321,14 +287,6 @@ def replay_same(records: list[dict], gens: pl.DataFrame, p_gens: pl.DataFrame, b
             "speedup", "speedup_lo", "speedup_hi", "speedup_at_baseline", "at_twins", "speedup_own_costs"]
     return pl.DataFrame([{"speedup_own_costs": None} | r for r in out], infer_schema_length=None).select(keep).rename(
         {"config_timed": "timed_config"})
-
-
-def units_frame(results: dict[str, dict]) -> pl.DataFrame:
-    """Every unit of work recorded: its configuration, round, status and error."""
-    rows = [{"unit": u, "config": r["config"], "round": r.get("round", 0), "status": r.get("status"),
-             "error": r.get("error", ""), "wall_s": r.get("wall_s")} for u, r in results.items()]
-    return pl.DataFrame(rows, schema={"unit": pl.String, "config": pl.String, "round": pl.Int64,
-                                      "status": pl.String, "error": pl.String, "wall_s": pl.Float64})
 
 
 def row_intervals(steps: pl.DataFrame, gens: pl.DataFrame, p_steps: pl.DataFrame, p_gens: pl.DataFrame,
