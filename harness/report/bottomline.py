@@ -80,9 +80,10 @@ def sentence(a: dict) -> str:
     """The bottom line of one target and policy, in the engine of its command, the harness's own loop's figure
     beside it, labelled."""
     e = engine_figure(a)
-    in_server = " in llama-server" if e["engine"] == "llama-server" else ""
-    gain = ci(e["speedup"], e["lo"], e["hi"], unit="x") + "*" * bool(e.get("adjusted"))
     rest = f"{e['prompts']} prompt{'s' * (e['prompts'] != 1)}" if e["prompts"] else ""
+    in_server = "" if e["engine"] != "llama-server" else " in llama-server" if e.get("own") else \
+        f" in llama-server over {rest}"
+    gain = ci(e["speedup"], e["lo"], e["hi"], unit="x") + "*" * bool(e.get("adjusted"))
     if e["verdict"] == SPECULATE:
         line = f"**speculate** with {a['configuration']}: {_pace(e['plain'], e['speedup'])}{in_server}, {gain}"
     elif e["verdict"] == NO_GAIN:
@@ -102,7 +103,7 @@ def sentence(a: dict) -> str:
     elif e["engine"] == "llama-server":
         own = ci(a["speedup"], a["lo"], a["hi"], unit="x")
         differs = "" if e["verdict"] == a["verdict"] else f"; it said {a['verdict']}: llama-server's figure decides"
-        line += f" over {rest}. The harness's own loop: {own}, {source(a)}{differs}"
+        line += f". The harness's own loop: {own}, {source(a)}{differs}"
     else:
         line += f" (the harness's own loop, {source(a)}"
         line += f"; in llama-server {per_prompt(a['server_ratios'])}, too few for an interval)" \
@@ -312,7 +313,9 @@ def evidence(plan: dict, sweep: pl.DataFrame | None, bottom: list[dict]) -> list
     if refs:
         timed = {(b.get("source") or "").startswith("timed") for b in bottom}
         against = ["Timed speedups are against the paired twins where the run paired them, else the baseline."] \
-            * (True in timed) + ["Predictions price plain decoding at the baseline's pace."] * (False in timed)
+            * (True in timed) + ["Predictions price plain decoding at the baseline's pace."] * (False in timed) \
+            + ["llama-server's figures are against its own plain twins."] * any(
+                engine_figure(b)["engine"] == "llama-server" for b in bottom)
         out.append("Plain references, tok/s: " + "; ".join(refs) + ". " + " ".join(against))
     if any(engine_figure(b).get("adjusted") for b in bottom):
         out.append("*: the interval widened for having picked the best of the configurations tried.")
