@@ -180,6 +180,27 @@ def same_models(plan: dict) -> None:
                                "that file to resume the run, or start a new run")
 
 
+def same_sizes(plan: dict, run_dir: Path) -> None:
+    """Before each unit: a model file whose size moved since the run started was replaced mid-run (another quant,
+    another tokenizer), and the unit would measure it under the old name. Sizes only: hashing per unit costs
+    seconds; a resume compares the sha256 (same_models)."""
+    from harness.models.catalog import resolve
+    from harness.specs import DraftModel, parse_draft
+    targets = {i.get("target") for i in plan.get("instances", [])}
+    for name, info in sorted((plan.get("models") or {}).items()):
+        spec = DraftModel(name) if name in targets else parse_draft(name)
+        ref = spec.model or spec.head
+        try:
+            path = resolve(ref).path if ref and info.get("bytes") else None
+            now = path.stat().st_size if path else None
+        except (HarnessError, OSError):
+            continue  # gone: the unit's own load says so
+        if now is not None and now != info["bytes"]:
+            raise HarnessError(f"model '{name}' at {path} was replaced while the run ran ({info['bytes']} bytes when "
+                               f"it started, {now} now): the units finished so far are kept; restore that file and "
+                               f"`harness bench --resume {run_dir}`, or start a new run")
+
+
 def same_prompts(plan: dict, pool: list) -> None:
     """Refuse to resume a run whose prompts changed under their ids (plan.json's digest of each, from schema 2):
     its units would measure two prompts under one name."""
