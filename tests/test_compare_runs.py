@@ -45,7 +45,7 @@ def test_compare_puts_each_machines_verdict_side_by_side(two_runs, tmp_path):
         got = {(v["category"], v["policy"]): v["speedup"] for v in data["verdicts"] if v["run"] == run.name}
         assert got == pytest.approx(own)
         tidy = json.loads((run / "tidy.json").read_text())  # the table to pool: one row per configuration x category
-        assert {x["schema_version"] for x in tidy} == {2} and {x["run"] for x in tidy} == {run.name}
+        assert {x["schema_version"] for x in tidy} == {3} and {x["run"] for x in tidy} == {run.name}
         assert {x["parallel"] for x in tidy} == {1}
         sha = json.loads((run / "plan.json").read_text())["models"][T]["sha256"]
         assert {x["target_sha256"] for x in tidy} == {sha}
