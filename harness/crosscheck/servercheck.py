@@ -323,6 +323,7 @@ def server_check_command(command: str, llama_server: str | None = None, category
     many synthetic acceptance lengths measured after (crosscheck.synth), 0 for none."""
     from harness import prompts as prompts_mod
     from harness.crosscheck.checks import tokenize
+    from harness.llamacpp import NoChatTemplate
     from harness.procs import stop_on_signals
     if per_category < 1:
         raise HarnessError(f"--per-category must be 1 or more, got {per_category}")
@@ -341,7 +342,12 @@ def server_check_command(command: str, llama_server: str | None = None, category
         longest = synth_mod.check(c.types, given, binary_mod.known_flags(binary))
         synth_mod.lengths(longest, synth)  # a bad count says so before anything runs
     chosen = prompts_mod.load([category], per_category=per_category)
-    tokens = tokenize(Path(c.target), chosen, max_tokens)
+    try:
+        tokens = tokenize(Path(c.target), chosen, max_tokens)
+    except NoChatTemplate as e:  # its prompts are the harness's chat conversations: no raw text to switch to
+        raise HarnessError(f"{c.target} (-m) cannot render server-check's prompts ({e.args[0].split(';')[0]}): they "
+                           f"are chat conversations (prompts/{category}.jsonl); give -m an instruct model with a "
+                           "chat template") from None
     log_dir = Path(tempfile.mkdtemp(prefix="harness-server-check-"))
     load0, t0 = os.getloadavg()[0], time.monotonic()
     with stop_on_signals():
