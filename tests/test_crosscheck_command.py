@@ -271,6 +271,14 @@ SAID = {  # case: (the command's words after -m TARGET, the fake's environment, 
 }
 
 
+def test_a_foreign_tokenizer_draft_that_drafts_nothing_is_named(fake, smol, tiny_set):  # issue 57, case 79
+    r = harness("server-check", cmd(fake, "-m", smol, "--spec-type", "draft-simple", "-md", tiny_set["a"]),
+                "--per-category", "1", env={"FAKE_SERVER_DRAFTS": "none"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    for w in (f"the draft model {tiny_set['a']} does not share the target's tokenizer (", "`harness drafts TARGET`"):
+        assert w in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("words_, env, code, words", list(SAID.values()), ids=list(SAID))
 def test_what_the_servers_say_is_read_for_why(fake, smol, words_, env, code, words):
     r = harness("server-check", cmd(fake, "-m", smol, *(w.format(smol=smol) for w in words_)), "--per-category", "1",

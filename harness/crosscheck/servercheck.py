@@ -251,7 +251,22 @@ def why_not(c: Command, log_dir: Path) -> tuple[str, str]:
     if said:  # a draft model the server refused (not compatible with the target), say
         return f"--spec-type {','.join(real)} drafted nothing; the server's log says: {said}", \
             f"fix what it names (the servers' logs are in {log_dir})"
+    if c.draft and (differs := foreign_tokenizer(c)):  # a server that drafts nothing with it and says nothing
+        return (f"--spec-type {','.join(real)} drafted nothing, and the draft model {c.draft[1]} does not share the "
+                f"target's tokenizer ({differs})", f"give {c.draft[0]} a draft of the target's family (`harness "
+                "drafts TARGET` lists them; `harness check TARGET DRAFT` shows the difference)")
     return f"--spec-type {','.join(real)} drafted nothing on these prompts", f"read the servers' logs in {log_dir}"
+
+
+def foreign_tokenizer(c: Command) -> str | None:
+    """The first way the draft's tokenizer differs from the target's (align.check_pair); None where they agree or
+    cannot be read here."""
+    from harness.align import MISALIGNED, check_pair
+    try:
+        report = check_pair(Path(c.target), Path(c.draft[1]))
+    except HarnessError:
+        return None
+    return report["reasons"][0] if report["verdict"] == MISALIGNED and report["reasons"] else None
 
 
 def speed_words(lo: float | None, hi: float | None) -> str:
