@@ -200,6 +200,27 @@ def test_the_server_timeouts_are_bench_options(fake):  # cases 21, 22
             make_params({}, {"target": T} | opts)
 
 
+RESUMED = {  # issue 57, case 183: (the versions of the finished rows, the binary's now, the words of the refusal)
+    "183-another-version": (["version: 1 (a)"], "version: 2 (b)", ["measured in llama-server 1 (a)", "is 2 (b)",
+                                                                   "restore that llama-server", "new run"]),
+    "the-same-version": (["version: 2 (b)", "version: 2 (b)"], "version: 2 (b)", []),
+    "no-finished-unit": ([], "version: 2 (b)", []),
+}
+
+
+@pytest.mark.parametrize("was, now, words", list(RESUMED.values()), ids=list(RESUMED))
+def test_a_resume_on_another_llama_server_is_refused(tmp_path, was, now, words):
+    rows = [{"config": f"c{k}", "unit": f"c{k}", "status": "ok", "llama_server_version": v} for k, v in enumerate(was)]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if not words:
+        serverunit.same_server(tmp_path, tmp_path / "llama-server", now)
+        return
+    with pytest.raises(HarnessError) as e:
+        serverunit.same_server(tmp_path, tmp_path / "llama-server", now)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
 def test_missing_binary_is_one_line(tmp_path, smol):
     from tests.helpers import harness
     _, _, row = run_unit(tmp_path, server_params(tmp_path / "nowhere" / "llama-server"))

@@ -77,8 +77,10 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
     first = [by_id[i] for i in rounds[0]]
     skipped = preflight(instances, first, skip_unsupported, params.max_tokens, params.n_ctx)
     if params.engine == "server":  # no llama-server to run: one line before any run directory is made
-        from harness.bench.serverunit import server_binary
-        server_binary(params)
+        from harness.bench.serverunit import same_server, server_binary
+        binary, version = server_binary(params)
+        if resume:
+            same_server(resume, binary, version)
     idle = noise.idle_check(params.busy_threshold, allow_busy)  # before anything is timed, calibration included
     figures = Figures()  # each model's probe, timed once, and the prompts' lengths: what the estimates start from
     if not resume:

@@ -69,6 +69,17 @@ def server_binary(params: Params) -> tuple[Path, str]:
     return binary, binary_mod.version(binary)
 
 
+def same_server(run_dir: Path, binary: Path, version: str) -> None:
+    """Refuse to resume a run whose finished units were measured in another llama-server version: one run would
+    mix two servers' speeds under one engine."""
+    was = sorted({r["llama_server_version"] for r in finished(run_dir).values()
+                  if r.get("status") == "ok" and r.get("llama_server_version")} - {version})
+    if was:
+        raise HarnessError(f"this run was measured in llama-server {was[0].removeprefix('version: ')}, and {binary} "
+                           f"is {version.removeprefix('version: ')}: restore that llama-server (its path, or `make "
+                           "native`'s build) to resume the run, or start a new run")
+
+
 def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path, on_start) -> dict:
     from harness.loop import check_fits
     from harness.trace import TraceWriter, discard
