@@ -11,8 +11,9 @@ from harness.instance import Instance
 
 
 def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, max_tokens: int = 0,
-              n_ctx: int = 2048) -> dict[str, str]:
-    """Refuse what cannot run before anything runs. Returns instance ids to record as skipped, with why."""
+              n_ctx: int = 2048, engine: str = "harness") -> dict[str, str]:
+    """Refuse what cannot run before anything runs. Returns instance ids to record as skipped, with why. With
+    --engine server, llama-server's build decides offload (serverunit.server_offload), not this wheel's."""
     from harness.align import require_aligned
     from harness.bench.memory import check_memory
     from harness.llamacpp import GPU_BUILD_HINT, gpu_offload_supported
@@ -28,7 +29,7 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
     require_rollback({ref: resolve(ref, cat).path for ref in sorted(models)})
     require_heads(instances, cat)
     skipped = {}
-    if not gpu_offload_supported():
+    if engine != "server" and not gpu_offload_supported():
         gpu = [i for i in instances if i.ngl > 0 or i.ngl_draft > 0]
         if gpu and not skip_unsupported:
             raise HarnessError(f"--ngl/--ngl-draft above 0 asks for GPU offload, but {GPU_BUILD_HINT} "
