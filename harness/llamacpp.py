@@ -75,6 +75,11 @@ def on_host(buffer: str) -> bool:
     return buffer.startswith("CPU") or buffer.endswith("_Host")
 
 
+class NoChatTemplate(HarnessError):
+    """A chat prompt on a model without a chat template llama.cpp applies: a caller whose prompts are not the
+    user's (server-check) says what to do instead."""
+
+
 def gpu_offload_supported() -> bool:
     return bool(llama().llama_supports_gpu_offload())
 
@@ -176,7 +181,7 @@ class Vocab:
     def apply_chat_template(self, messages: list[dict]) -> str:
         tmpl = self._ll.llama_model_chat_template(self.model, None)
         if not tmpl:
-            raise HarnessError("the model has no chat template; use a raw-text prompt (chat: false)")
+            raise NoChatTemplate("the model has no chat template; use a raw-text prompt (chat: false)")
         keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
         arr = (self._ll.llama_chat_message * len(keep))(*[self._ll.llama_chat_message(r, c) for r, c in keep])
         size = sum(len(c) + len(r) for r, c in keep) * 2 + 256
@@ -184,7 +189,7 @@ class Vocab:
             buf = ctypes.create_string_buffer(size)
             n = self._ll.llama_chat_apply_template(tmpl, arr, len(keep), True, buf, size)
             if n < 0:
-                raise HarnessError("llama.cpp does not support this model's chat template; use chat: false")
+                raise NoChatTemplate("llama.cpp does not support this model's chat template; use chat: false")
             if n <= size:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             size = n + 1

@@ -323,6 +323,23 @@ def integrity(run_dir: Path, plan: dict) -> list[str]:
     paired = bool(plan.get("params", {}).get("paired"))
     for u, row in sorted(finished(run_dir).items()):
         out += [f"{u} finished but its trace {t} {rerun}" for t in traces_missing(run_dir, row, paired)]
+        out += replaced_models(u, row, plan)
+    return out
+
+
+def replaced_models(unit: str, row: dict, plan: dict) -> list[str]:
+    """A finished row measured on a model file of another size than the plan recorded when the run started: the
+    file was replaced mid-run (another quant), so the row measured it under the old name. A size of 0 is no file's
+    (an n-gram lookup, a drafting head)."""
+    models = plan.get("models") or {}
+    out = []
+    for side in ("target", "draft") if row.get("status") == "ok" else ():
+        name, now = row.get(side), row.get(f"{side}_bytes")
+        was = (models.get(str(name)) or {}).get("bytes")
+        if now and was and now != was:
+            out.append(f"{unit} was measured on a {side} file {name} of {now} bytes, not the {was} bytes the run "
+                       "started with: the file was replaced mid-run; restore it and delete that row from "
+                       "results.jsonl (`harness bench --resume` runs it again)")
     return out
 
 

@@ -24,6 +24,7 @@ wrapper script the test writes, given as --llama-server), and told what to do by
   factor(n_prompt), and accepts (L - 1) / 3 of its 12 drafted tokens (a longest draft of 3).
 - --spec-type with a name llama.cpp lacks: one error line, exit 1 before listening (as arg.cpp's parser).
   FAKE_SERVER_NO_TYPES: a comma list of type names this build lacks too, as an older build would.
+- FAKE_SERVER_DEVICES: a comma list of GPU devices `--list-devices` names (default none: a CPU build).
 
 Timings: plain predicted_ms = (n - 1) * (2 + n_prompt % 7); the speculative server's rate is the plain one's times
 speedup * factor(n_prompt), factor = 1 + 0.02 * (n_prompt % 5 - 2), so each prompt's pair has a known ratio.
@@ -130,6 +131,11 @@ class Handler(BaseHTTPRequestHandler):
 def main():
     if "--version" in ARGV:
         print("version: 4242 (fake0000)\nbuilt with a test", file=sys.stderr)
+        return
+    if "--list-devices" in ARGV:  # arg.cpp's: GPU devices only, "(none)" for a CPU build
+        listed = [d for d in os.environ.get("FAKE_SERVER_DEVICES", "").split(",") if d]
+        print("Available devices:\n" + "\n".join(f"  {d}: a test device (1024 MiB, 1024 MiB free)" for d in listed)
+              if listed else "Available devices:\n  (none)")
         return
     if "--help" in ARGV:
         lacks = set(os.environ.get("FAKE_SERVER_LACKS", "").split(","))

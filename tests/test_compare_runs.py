@@ -45,7 +45,7 @@ def test_compare_puts_each_machines_verdict_side_by_side(two_runs, tmp_path):
         got = {(v["category"], v["policy"]): v["speedup"] for v in data["verdicts"] if v["run"] == run.name}
         assert got == pytest.approx(own)
         tidy = json.loads((run / "tidy.json").read_text())  # the table to pool: one row per configuration x category
-        assert {x["schema_version"] for x in tidy} == {2} and {x["run"] for x in tidy} == {run.name}
+        assert {x["schema_version"] for x in tidy} == {3} and {x["run"] for x in tidy} == {run.name}
         assert {x["parallel"] for x in tidy} == {1}
         sha = json.loads((run / "plan.json").read_text())["models"][T]["sha256"]
         assert {x["target_sha256"] for x in tidy} == {sha}
@@ -205,6 +205,33 @@ def test_home_in_compares_paths_is_expanded(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "home" / "cmp" / "compare.md").is_file() and not (tmp_path / "~").exists()
     assert r.stdout.strip() == str(tmp_path / "home" / "cmp" / "compare.md")
+
+
+ENGINES = {  # issue 57, case 169: (each run's engine and its rows' llama-server version, the note's words)
+    "169-server-beside-the-loop": ((("harness", None), ("server", "version: 4242 (f)")),
+                                   ["a was measured in the harness loop, b in the llama-server 4242 (f)",
+                                    "differ by engine as well as by machine"]),
+    "169-two-servers": ((("server", "version: 1 (x)"), ("server", "version: 2 (y)")),
+                        ["llama-server 1 (x), b in the llama-server 2 (y)"]),
+    "one-engine": ((("harness", None), ("harness", None)), []),
+}
+
+
+@pytest.mark.parametrize("engines, words", list(ENGINES.values()), ids=list(ENGINES))
+def test_runs_of_different_engines_are_compared_and_say_so(tmp_path, engines, words):
+    from harness.compare.runs import Run, require_comparable
+    runs = []
+    for name, (engine, version) in zip("ab", engines):
+        (tmp_path / name).mkdir()
+        row = {"config": "c", "unit": "c", "status": "ok"} | ({"llama_server_version": version} if version else {})
+        (tmp_path / name / "results.jsonl").write_text(json.dumps(row) + "\n")
+        runs.append(Run(tmp_path / name, {"params": {"engine": engine}, "instances": [], "models": {},
+                                          "prompt_ids": ["p"], "prompt_digests": {"p": "0"}}))
+    notes = [n for n in require_comparable(runs) if "engine" in n]
+    assert len(notes) == (1 if words else 0), notes
+    for w in words:
+        assert w in notes[0], notes
+    assert runs[0].machine()["engine"] == ("harness loop" if engines[0][0] == "harness" else "llama-server 1 (x)")
 
 
 def test_a_contradicted_prediction_is_compared_as_the_answer_gives_it():

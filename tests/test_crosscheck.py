@@ -224,6 +224,15 @@ def test_each_answer_has_the_harness_figures_beside_it(smoke):
     assert all(c.answer["source"].startswith("timed") for c in found)
 
 
+def test_a_run_measured_in_llama_server_is_not_checked_against_itself(smoke, fake):  # issue 57, case 180
+    plan = json.loads((smoke / "plan.json").read_text())
+    plan["params"]["engine"] = "server"
+    (smoke / "plan.json").write_text(json.dumps(plan))
+    one_line_error(harness("crosscheck", smoke, "--llama-server", fake), "measured in llama-server already",
+                   "--engine server", "against itself", "the harness's own loop")
+    assert not (smoke / "crosscheck.json").exists()
+
+
 class Reply:
     """One server, answering every request with the given timings."""
     role, binary = "plain", Path("llama-server")

@@ -62,6 +62,25 @@ def test_bad_commands_are_one_line(command, words):
     one_line_error(harness("server-check", command), *words)
 
 
+TEMPLATES = {  # issue 57, case 78: a target whose chat template llama.cpp cannot apply to the chat prompts
+    "78-no-chat-template": (None, ["tiny.gguf (-m) cannot render server-check's prompts (the model has no chat "
+                                   "template)", "chat conversations (prompts/code.jsonl)",
+                                   "give -m an instruct model"]),
+    "78-a-template-llama-cpp-lacks": ("{{ no template llama.cpp knows }}", ["does not support this model's chat "
+                                                                           "template", "give -m an instruct model"]),
+}
+
+
+@pytest.mark.parametrize("template, words", list(TEMPLATES.values()), ids=list(TEMPLATES))
+def test_a_target_without_a_usable_chat_template_is_named(fake, tmp_path, template, words):
+    from tests.tiny_gguf import write_tiny_model
+    target = write_tiny_model(tmp_path / "tiny.gguf", chat_template=template)
+    log = tmp_path / "requests.jsonl"
+    r = harness("server-check", cmd(fake, "-m", target, "--spec-type", "ngram-mod"), env={"FAKE_SERVER_LOG": str(log)})
+    line = one_line_error(r, *words)
+    assert "chat: false" not in line and not requests(log)  # no server started
+
+
 def test_a_missing_draft_model(fake, smol):
     r = harness("server-check", cmd(fake, "-m", smol, "--spec-type", "draft-simple", "-md", "no/draft.gguf"))
     one_line_error(r, "draft model file no/draft.gguf (-md) does not exist")
@@ -250,6 +269,14 @@ SAID = {  # case: (the command's words after -m TARGET, the fake's environment, 
                                   {"FAKE_SERVER_TIMINGS": '{"predicted_n": 1000000000000, "predicted_ms": 1e-9}'}, 1,
                                   ["predicted_n 1000000000000 above the n_predict 64", "not a measurement"]),
 }
+
+
+def test_a_foreign_tokenizer_draft_that_drafts_nothing_is_named(fake, smol, tiny_set):  # issue 57, case 79
+    r = harness("server-check", cmd(fake, "-m", smol, "--spec-type", "draft-simple", "-md", tiny_set["a"]),
+                "--per-category", "1", env={"FAKE_SERVER_DRAFTS": "none"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    for w in (f"the draft model {tiny_set['a']} does not share the target's tokenizer (", "`harness drafts TARGET`"):
+        assert w in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("words_, env, code, words", list(SAID.values()), ids=list(SAID))

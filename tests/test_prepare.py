@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.bench.prepare import REPORT_HEADINGS, check_out, models_info, same_models
+from harness.bench.prepare import REPORT_HEADINGS, check_out, models_info, same_models, same_sizes
 from harness.errors import HarnessError
 from harness.rundir import trace_files
 from harness.trace import read_records
@@ -70,6 +70,31 @@ def test_resume_on_the_same_path_model_goes_on(tiny_set, tmp_path):
     f = tmp_path / "mine.gguf"
     shutil.copy(tiny_set["a"], f)
     same_models({"models": {str(f): models_info({str(f)})[str(f)], "ngram:2": models_info({"ngram:2"})["ngram:2"]}})
+
+
+MID_RUN = {  # issue 57: the file swapped for another while the run runs (the draft, between two units)
+    "163-another-quant": ("a", "padding", ["model 'DRAFT' at", "was replaced while the run ran", "bytes when it "
+                                           "started", "units finished so far are kept", "--resume RUN"]),
+    "162-another-tokenizer": ("a", "other_tokenizer", ["was replaced while the run ran", "restore that file"]),
+    "the-same-file": ("a", "a", []),
+}
+
+
+@pytest.mark.parametrize("first, then, words", list(MID_RUN.values()), ids=list(MID_RUN))
+def test_a_model_replaced_mid_run_stops_the_next_unit(tiny_set, tmp_path, first, then, words):
+    f = tmp_path / "mine.gguf"
+    shutil.copy(tiny_set[first], f)
+    plan = {"instances": [{"target": T}], "models": {str(f): models_info({str(f)})[str(f)],
+                                                     "ngram:2": models_info({"ngram:2"})["ngram:2"]}}
+    shutil.copy(tiny_set[then], f)
+    if not words:
+        same_sizes(plan, tmp_path / "RUN")
+        return
+    assert f.stat().st_size != tiny_set[first].stat().st_size
+    with pytest.raises(HarnessError) as e:
+        same_sizes(plan, tmp_path / "RUN")
+    for w in words:
+        assert w.replace("DRAFT", str(f)).replace("RUN", str(tmp_path / "RUN")) in str(e.value), str(e.value)
 
 
 def _long_prompt(tmp_path: Path) -> Path:

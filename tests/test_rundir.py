@@ -23,7 +23,8 @@ from harness.plan import Params
 from harness.sampling import Policy
 from harness.specs import NoDraft
 from harness.rundir import (RUN_SCHEMA, drop_unreadable, finished, load_records, new_run_dir, noise_records, read_plan,
-                            record_result, repair_results, rows_problems, trace_file, traces_missing)
+                            record_result, repair_results, replaced_models, rows_problems, trace_file,
+                            traces_missing)
 from harness.trace import compress
 from tests.helpers import HARNESS, ROOT, copy_run, harness, one_line_error, result_rows
 
@@ -169,6 +170,26 @@ def test_rows_problems(tmp_path, case, where, text, want):
     (tmp_path / where).mkdir(exist_ok=True)
     (tmp_path / where / "results.jsonl").write_text(text)
     assert rows_problems(tmp_path) == want
+
+
+# issue 57, case 163: a row measured on a file of another size than the plan's (the draft swapped mid-run)
+REPLACED_ROWS = {
+    "163-draft-another-quant": (OK | {"draft_bytes": 6}, ["g2-a was measured on a draft file d of 6 bytes, not the 5 "
+                                                          "bytes the run started with", "replaced mid-run",
+                                                          "delete that row"]),
+    "target-another-file": (OK | {"target_bytes": 9}, ["on a target file t of 9 bytes, not the 4"]),
+    "as-planned": (OK, []),
+    "an-error-row": (ERROR | {"draft_bytes": 6}, []),
+    "an-ngram-draft": (OK | {"draft_bytes": 0}, []),
+}
+
+
+@pytest.mark.parametrize("row, words", list(REPLACED_ROWS.values()), ids=list(REPLACED_ROWS))
+def test_a_row_measured_on_a_replaced_model_is_named(row, words):
+    got = replaced_models("g2-a", row, {"models": {"t": {"bytes": 4}, "d": {"bytes": 5}}})
+    assert len(got) == (1 if words else 0), got
+    for w in words:
+        assert w in got[0], got
 
 
 @pytest.mark.parametrize("name, data, want", [

@@ -200,6 +200,60 @@ def test_the_server_timeouts_are_bench_options(fake):  # cases 21, 22
             make_params({}, {"target": T} | opts)
 
 
+RESUMED = {  # issue 57, case 183: (the versions of the finished rows, the binary's now, the words of the refusal)
+    "183-another-version": (["version: 1 (a)"], "version: 2 (b)", ["measured in llama-server 1 (a)", "is 2 (b)",
+                                                                   "restore that llama-server", "new run"]),
+    "the-same-version": (["version: 2 (b)", "version: 2 (b)"], "version: 2 (b)", []),
+    "no-finished-unit": ([], "version: 2 (b)", []),
+}
+
+
+@pytest.mark.parametrize("was, now, words", list(RESUMED.values()), ids=list(RESUMED))
+def test_a_resume_on_another_llama_server_is_refused(tmp_path, was, now, words):
+    rows = [{"config": f"c{k}", "unit": f"c{k}", "status": "ok", "llama_server_version": v} for k, v in enumerate(was)]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if not words:
+        serverunit.same_server(tmp_path, tmp_path / "llama-server", now)
+        return
+    with pytest.raises(HarnessError) as e:
+        serverunit.same_server(tmp_path, tmp_path / "llama-server", now)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+OFFLOAD = {  # issue 57, case 188: (the fake's devices, --skip-unsupported, what server_offload gives or the words)
+    "188-ngl-on-a-cpu-llama-server": ("", False, ["asks llama-server for GPU offload", "lists no GPU device",
+                                                  "--list-devices", "give --llama-server one built with GPU"]),
+    "188-skip-unsupported": ("", True, "this llama-server has none"),
+    "a-gpu-llama-server": ("CUDA0", False, None),
+}
+
+
+@pytest.mark.parametrize("devices, skip, want", list(OFFLOAD.values()), ids=list(OFFLOAD))
+def test_offload_is_asked_of_llama_server_not_the_wheel(fake, monkeypatch, devices, skip, want):
+    monkeypatch.setenv("FAKE_SERVER_DEVICES", devices)
+    insts = expand(server_params(fake, ngl="5"))
+    if isinstance(want, list):
+        with pytest.raises(HarnessError) as e:
+            serverunit.server_offload(insts, fake, skip)
+        for w in want:
+            assert w in str(e.value) and "llama-cpp-python" not in str(e.value), str(e.value)
+    else:
+        got = serverunit.server_offload(insts, fake, skip)
+        assert got == ({} if want is None else {i.id: got[i.id] for i in insts}) and all(want in x for x in
+                                                                                         got.values()), got
+
+
+def test_bench_ngl_with_engine_server_names_llama_server(tmp_path, smol, fake):  # issue 57, case 188
+    from tests.helpers import harness
+    r = harness("bench", "--engine", "server", "--llama-server", fake, "--target", T, "--draft", "ngram-mod",
+                "--ngl", "5", "--prompts", PROMPT_FILE, "--categories", "code", "--per-category", "1",
+                "--max-tokens", "4", "--out", tmp_path / "out", "--allow-busy")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "lists no GPU device" in r.stderr and "llama-cpp-python" not in r.stderr, r.stderr
+    assert not (tmp_path / "out" / "runs").exists()
+
+
 def test_missing_binary_is_one_line(tmp_path, smol):
     from tests.helpers import harness
     _, _, row = run_unit(tmp_path, server_params(tmp_path / "nowhere" / "llama-server"))

@@ -11,8 +11,9 @@ from harness.instance import Instance
 
 
 def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, max_tokens: int = 0,
-              n_ctx: int = 2048) -> dict[str, str]:
-    """Refuse what cannot run before anything runs. Returns instance ids to record as skipped, with why."""
+              n_ctx: int = 2048, engine: str = "harness") -> dict[str, str]:
+    """Refuse what cannot run before anything runs. Returns instance ids to record as skipped, with why. With
+    --engine server, llama-server's build decides offload (serverunit.server_offload), not this wheel's."""
     from harness.align import require_aligned
     from harness.bench.memory import check_memory
     from harness.llamacpp import GPU_BUILD_HINT, gpu_offload_supported
@@ -28,7 +29,7 @@ def preflight(instances: list[Instance], prompts: list, skip_unsupported: bool, 
     require_rollback({ref: resolve(ref, cat).path for ref in sorted(models)})
     require_heads(instances, cat)
     skipped = {}
-    if not gpu_offload_supported():
+    if engine != "server" and not gpu_offload_supported():
         gpu = [i for i in instances if i.ngl > 0 or i.ngl_draft > 0]
         if gpu and not skip_unsupported:
             raise HarnessError(f"--ngl/--ngl-draft above 0 asks for GPU offload, but {GPU_BUILD_HINT} "
@@ -178,6 +179,27 @@ def same_models(plan: dict) -> None:
         if now != was:
             raise HarnessError(f"model '{name}' at {path} is not the file this run started with ({what}): restore "
                                "that file to resume the run, or start a new run")
+
+
+def same_sizes(plan: dict, run_dir: Path) -> None:
+    """Before each unit: a model file whose size moved since the run started was replaced mid-run (another quant,
+    another tokenizer), and the unit would measure it under the old name. Sizes only: hashing per unit costs
+    seconds; a resume compares the sha256 (same_models)."""
+    from harness.models.catalog import resolve
+    from harness.specs import DraftModel, parse_draft
+    targets = {i.get("target") for i in plan.get("instances", [])}
+    for name, info in sorted((plan.get("models") or {}).items()):
+        spec = DraftModel(name) if name in targets else parse_draft(name)
+        ref = spec.model or spec.head
+        try:
+            path = resolve(ref).path if ref and info.get("bytes") else None
+            now = path.stat().st_size if path else None
+        except (HarnessError, OSError):
+            continue  # gone: the unit's own load says so
+        if now is not None and now != info["bytes"]:
+            raise HarnessError(f"model '{name}' at {path} was replaced while the run ran ({info['bytes']} bytes when "
+                               f"it started, {now} now): the units finished so far are kept; restore that file and "
+                               f"`harness bench --resume {run_dir}`, or start a new run")
 
 
 def same_prompts(plan: dict, pool: list) -> None:

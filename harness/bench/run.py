@@ -75,10 +75,13 @@ def _run_bench(params: Params, prompts: list, out_root: Path, resume: Path | Non
         raise HarnessError(f"the run's prompts {', '.join(gone[:3])} are no longer in its prompt files; restore them "
                            "to resume it")
     first = [by_id[i] for i in rounds[0]]
-    skipped = preflight(instances, first, skip_unsupported, params.max_tokens, params.n_ctx)
+    skipped = preflight(instances, first, skip_unsupported, params.max_tokens, params.n_ctx, params.engine)
     if params.engine == "server":  # no llama-server to run: one line before any run directory is made
-        from harness.bench.serverunit import server_binary
-        server_binary(params)
+        from harness.bench.serverunit import same_server, server_binary, server_offload
+        binary, version = server_binary(params)
+        skipped |= server_offload(instances, binary, skip_unsupported)
+        if resume:
+            same_server(resume, binary, version)
     idle = noise.idle_check(params.busy_threshold, allow_busy)  # before anything is timed, calibration included
     figures = Figures()  # each model's probe, timed once, and the prompts' lengths: what the estimates start from
     if not resume:

@@ -69,6 +69,31 @@ def server_binary(params: Params) -> tuple[Path, str]:
     return binary, binary_mod.version(binary)
 
 
+def server_offload(instances: list[Instance], binary: Path, skip_unsupported: bool) -> dict[str, str]:
+    """--ngl above 0 asks llama-server's own build for GPU offload (the wheel's does not matter here): refused, or
+    skipped with --skip-unsupported, where the binary lists no GPU device."""
+    gpu = [i for i in instances if i.ngl > 0 or i.ngl_draft > 0]
+    if not gpu or binary_mod.devices(binary):
+        return {}
+    if not skip_unsupported:
+        raise HarnessError(f"--ngl/--ngl-draft above 0 asks llama-server for GPU offload, but {binary} lists no GPU "
+                           "device (--list-devices): give --llama-server one built with GPU support (make native "
+                           'CMAKE_ARGS="-DGGML_CUDA=on"), or pass --skip-unsupported to record those configurations '
+                           "as skipped")
+    return {i.id: "GPU offload requested but this llama-server has none" for i in gpu}
+
+
+def same_server(run_dir: Path, binary: Path, version: str) -> None:
+    """Refuse to resume a run whose finished units were measured in another llama-server version: one run would
+    mix two servers' speeds under one engine."""
+    was = sorted({r["llama_server_version"] for r in finished(run_dir).values()
+                  if r.get("status") == "ok" and r.get("llama_server_version")} - {version})
+    if was:
+        raise HarnessError(f"this run was measured in llama-server {was[0].removeprefix('version: ')}, and {binary} "
+                           f"is {version.removeprefix('version: ')}: restore that llama-server (its path, or `make "
+                           "native`'s build) to resume the run, or start a new run")
+
+
 def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir: Path, on_start) -> dict:
     from harness.loop import check_fits
     from harness.trace import TraceWriter, discard

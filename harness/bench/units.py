@@ -34,10 +34,15 @@ def run_units(units: list[Unit], params: Params, run_dir: Path, weights: Weights
     given, is told each unit's configuration and seconds once it ends (or is interrupted)."""
     import time
 
+    from harness.bench.prepare import same_sizes
     from harness.bench.progress import Progress, timed_watch
     from harness.bench.serverunit import run_server_unit
     from harness.bench.worker import run_in_worker
+    from harness.rundir import read_plan
+    home = noise_to or run_dir  # the drift check's directory holds no plan
+    plan = read_plan(home)
     for k, (inst, r, prompts) in enumerate(units, 1):
+        same_sizes(plan, home)
         what = ("baseline" if inst.baseline else f"{inst.draft_label} gamma={inst.gamma_label}") + (
             f" ({inst.setup})" if inst.setup else "")
         title = f"[{k}/{len(units)}] round {r}: {inst.target} {what} {inst.policy.label}"

@@ -33,7 +33,20 @@ class Run:
     def machine(self) -> dict:
         from harness.sysinfo import header
         return {"run": self.name} | header(self.plan.get("system", {})) | {"verdicts": self.source,
-                                                                          "schema": self.plan.get("schema", 1)}
+                                                                          "schema": self.plan.get("schema", 1),
+                                                                          "engine": self.engine}
+
+    @property
+    def engine(self) -> str:
+        """What measured it: the harness's own loop, or llama-server (--engine server) with the versions its rows
+        name."""
+        if self.plan.get("params", {}).get("engine", "harness") != "server":
+            return "harness loop"
+        from harness.rundir import finished
+        versions = sorted({r["llama_server_version"].removeprefix("version: ") for r in finished(self.path).values()
+                           if r.get("llama_server_version")})
+        return " ".join(["llama-server", *versions[:1]]) + (f" (and {len(versions) - 1} more)" if len(versions) > 1
+                                                            else "")
 
 
 def labels(paths: list[Path]) -> list[str]:
@@ -174,6 +187,9 @@ def require_comparable(runs: list[Run]) -> list[str]:
         if changed:
             raise HarnessError(f"the runs differ in their prompts: {', '.join(changed[:3])} has other contents in "
                                f"{first.name} and {r.name}")
+        if first.engine != r.engine:  # a column apart is then the engines' difference as much as the machines'
+            notes.append(f"{first.name} was measured in the {first.engine}, {r.name} in the {r.engine}: their "
+                         "columns differ by engine as well as by machine")
         if any(pa[i] is None or pb[i] is None for i in pa):
             notes.append(f"{first.name} or {r.name} predates prompt digests (schema 1): their prompts are compared "
                          "by id only")
@@ -229,7 +245,7 @@ def repeats(runs: list[Run]) -> list[str]:
 
 def render(runs: list[Run], f: pl.DataFrame, notes: list[str], plot: str | None) -> str:
     head = [[chr(65 + i), m["run"], m["cpu"], m["cores"], m["ram_gib"], m["backend"], m["llama-cpp-python"],
-             m["harness"], m["verdicts"]] for i, m in enumerate(r.machine() for r in runs)]
+             m["harness"], m["engine"], m["verdicts"]] for i, m in enumerate(r.machine() for r in runs)]
     rows = []
     for key, g in f.group_by(KEY, maintain_order=True):
         by = {r.name: [x for x in g.iter_rows(named=True) if x["run"] == r.name] for r in runs}
@@ -246,7 +262,7 @@ def render(runs: list[Run], f: pl.DataFrame, notes: list[str], plot: str | None)
         lines += [f"![speedup per machine]({plot})", ""]
     lines += [table(rows, cols + [f"{chr(65 + i)}" for i in range(len(runs))]), "", "## Machines", "",
               table(head, ["", "run", "CPU", "cores", "RAM GiB", "backend", "llama-cpp-python", "harness",
-                           "verdicts"]), "",
+                           "engine", "verdicts"]), "",
               "The runs used the same model files (sha256), prompts and sampling policies; "
               "that is checked before anything is put side by side.", "", *repeats(runs)]
     return "\n".join(lines + [f"Note: {n}." for n in notes] + [""])

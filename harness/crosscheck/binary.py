@@ -103,3 +103,14 @@ def known_flags(binary: Path) -> frozenset[str]:
 def lacking(args: list[str], known: frozenset[str]) -> list[str]:
     """The flags among args that the binary does not know (negative numbers are values, not flags)."""
     return [a for a in args if re.match(r"--?[A-Za-z]", a) and a not in known]
+
+
+@functools.lru_cache(maxsize=8)
+def devices(binary: Path) -> tuple[str, ...]:
+    """The GPU (non-CPU) devices `llama-server --list-devices` names: none where its build has no offload."""
+    try:
+        r = subprocess.run([str(binary), "--list-devices"], capture_output=True, text=True, errors="replace",
+                           stdin=subprocess.DEVNULL, timeout=VERSION_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HarnessError(f"{binary} --list-devices failed ({e}): is it llama.cpp's llama-server?") from None
+    return tuple(re.findall(r"^\s+(\S+): ", r.stdout, re.M))

@@ -167,6 +167,10 @@ def crosscheck_command(run_dir: Path, llama_server: str | None = None, port: int
     from harness.procs import stop_on_signals
     if not run_dir.is_dir():
         raise HarnessError(f"{run_dir}: no such run directory")
+    from harness.rundir import read_plan
+    if read_plan(run_dir).get("params", {}).get("engine") == "server":
+        raise HarnessError(f"{run_dir} was measured in llama-server already (--engine server): crosscheck would "
+                           "check llama-server against itself; crosscheck a run of the harness's own loop")
     if per_category < 0:
         raise HarnessError(f"--per-category must be >= 0, got {per_category}")
     for name, v in (("--start-timeout", start_timeout), ("--request-timeout", request_timeout)):

@@ -251,7 +251,22 @@ def why_not(c: Command, log_dir: Path) -> tuple[str, str]:
     if said:  # a draft model the server refused (not compatible with the target), say
         return f"--spec-type {','.join(real)} drafted nothing; the server's log says: {said}", \
             f"fix what it names (the servers' logs are in {log_dir})"
+    if c.draft and (differs := foreign_tokenizer(c)):  # a server that drafts nothing with it and says nothing
+        return (f"--spec-type {','.join(real)} drafted nothing, and the draft model {c.draft[1]} does not share the "
+                f"target's tokenizer ({differs})", f"give {c.draft[0]} a draft of the target's family (`harness "
+                "drafts TARGET` lists them; `harness check TARGET DRAFT` shows the difference)")
     return f"--spec-type {','.join(real)} drafted nothing on these prompts", f"read the servers' logs in {log_dir}"
+
+
+def foreign_tokenizer(c: Command) -> str | None:
+    """The first way the draft's tokenizer differs from the target's (align.check_pair); None where they agree or
+    cannot be read here."""
+    from harness.align import MISALIGNED, check_pair
+    try:
+        report = check_pair(Path(c.target), Path(c.draft[1]))
+    except HarnessError:
+        return None
+    return report["reasons"][0] if report["verdict"] == MISALIGNED and report["reasons"] else None
 
 
 def speed_words(lo: float | None, hi: float | None) -> str:
@@ -323,6 +338,7 @@ def server_check_command(command: str, llama_server: str | None = None, category
     many synthetic acceptance lengths measured after (crosscheck.synth), 0 for none."""
     from harness import prompts as prompts_mod
     from harness.crosscheck.checks import tokenize
+    from harness.llamacpp import NoChatTemplate
     from harness.procs import stop_on_signals
     if per_category < 1:
         raise HarnessError(f"--per-category must be 1 or more, got {per_category}")
@@ -341,7 +357,12 @@ def server_check_command(command: str, llama_server: str | None = None, category
         longest = synth_mod.check(c.types, given, binary_mod.known_flags(binary))
         synth_mod.lengths(longest, synth)  # a bad count says so before anything runs
     chosen = prompts_mod.load([category], per_category=per_category)
-    tokens = tokenize(Path(c.target), chosen, max_tokens)
+    try:
+        tokens = tokenize(Path(c.target), chosen, max_tokens)
+    except NoChatTemplate as e:  # its prompts are the harness's chat conversations: no raw text to switch to
+        raise HarnessError(f"{c.target} (-m) cannot render server-check's prompts ({e.args[0].split(';')[0]}): they "
+                           f"are chat conversations (prompts/{category}.jsonl); give -m an instruct model with a "
+                           "chat template") from None
     log_dir = Path(tempfile.mkdtemp(prefix="harness-server-check-"))
     load0, t0 = os.getloadavg()[0], time.monotonic()
     with stop_on_signals():

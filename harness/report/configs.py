@@ -25,7 +25,8 @@ def config_frame(plan: dict, results: dict[str, dict]) -> pl.DataFrame:
                      "error": res.get("error", ""), "peak_rss_bytes": rss,
                      "kv_bytes": res.get("kv_bytes"), "kv_bytes_per_position": res.get("kv_bytes_per_position"),
                      "target_bytes": res.get("target_bytes"),
-                     "draft_bytes": res.get("draft_bytes")} | memory_columns(res))
+                     "draft_bytes": res.get("draft_bytes"),
+                     "llama_server_version": res.get("llama_server_version")} | memory_columns(res))
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
