@@ -39,8 +39,9 @@ def check_structure(run: Path, categories) -> None:
                     "## Output equivalence (greedy)"):  # the harness's checks of itself, and every timed row
         assert heading in diagnostics and heading not in md
     first_screen = md.split("## Contents")[0]
-    assert "## Verdict per category" in first_screen and "verdicts.png" in first_screen  # the answer comes first
-    assert "## Memory" in first_screen
+    # the answer comes first: the bottom line with its plot; the answer per category and its table after
+    assert "## The bottom line" in first_screen and "verdicts.png" in first_screen
+    assert "## Verdict per category" not in first_screen and "## The answer per category" in md
     assert ("GPU offload available" if gpu_build() else "CPU only") in md
     assert "requantized from smollm2-135m-instruct-q4_1" in md
     assert "| greedy" in md and "T=0.8 top_p=0.9" in md  # every table states the policy

@@ -3,6 +3,7 @@ session's timed run with the fake llama-server (tests/fake_llama_server.py); the
 missing one; and the report's line under each answer."""
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -31,14 +32,17 @@ def report(run: Path) -> str:
 
 
 def test_every_answer_runs_in_llama_server_and_the_answer_shows_it(run, fake):
-    """Every answer's configuration is measured, speculate answers first; under each answer of the report, its
-    llama-server flags, speedup with interval, acceptance and outputs compared."""
+    """Every answer's configuration is measured: the bottom lines first (one a policy, the categories pooled),
+    then speculate answers before the others; under each answer of the report, its llama-server flags, speedup
+    with interval, acceptance and outputs compared."""
     server_check(Params(server_check=2, llama_server=str(fake)), run, read_plan(run))
     got = rows(run)
-    assert len(got) == 4 and all(r.get("llama") for r in got)
-    first = [r["verdict"] == SPECULATE for r in got]
+    assert len(got) == 6 and all(r.get("llama") for r in got)
+    pooled, per_category = got[:2], got[2:]
+    assert {r["category"] for r in pooled} == {"all"} and "all" not in {r["category"] for r in per_category}
+    first = [r["verdict"] == SPECULATE for r in per_category]
     assert first == sorted(first, reverse=True)  # speculate answers before the others
-    assert all(len(r["prompts"]) == 2 for r in got)
+    assert all(len(r["prompts"]) == 2 for r in per_category)
     md = report(run)
     answer = md.split("## The answer", 1)[1].split("\n## ", 1)[0]
     assert answer.count("In llama-server (`--spec-type ") == 4
@@ -46,23 +50,23 @@ def test_every_answer_runs_in_llama_server_and_the_answer_shows_it(run, fake):
 
 
 def test_the_budget_stops_the_check_and_the_report_says_what_was_left(run, fake):
-    left = iter([100.0, 0.0, 0.0, 0.0])
+    left = itertools.chain([100.0] * 3, itertools.repeat(0.0))  # the two bottom lines and one answer
     server_check(Params(server_check=1, llama_server=str(fake)), run, read_plan(run), lambda: next(left))
     got = rows(run)
-    assert sum(bool(r.get("llama")) for r in got) == 1
+    assert sum(bool(r.get("llama")) for r in got) == 3
     assert [r["skip"] for r in got if not r.get("llama")] == [UNMEASURED] * 3
     md = report(run)
     assert "not measured" not in md and "1 of the 4 answers ran there within the run's budget" in md
     assert md.count("In llama-server (`") == 1
     server_check(Params(server_check=1, llama_server=str(fake)), run, read_plan(run))  # with time: the rest, once
-    assert len(rows(run)) == 4 and all(r.get("llama") for r in rows(run))
+    assert len(rows(run)) == 6 and all(r.get("llama") for r in rows(run))
 
 
 def test_a_failing_server_leaves_a_row_and_the_check_goes_on(run, fake, monkeypatch):
     monkeypatch.setenv("FAKE_SERVER_MODE", "exit")
     server_check(Params(server_check=1, llama_server=str(fake)), run, read_plan(run))  # no exception
     got = rows(run)
-    assert len(got) == 4 and all(r["skip"].startswith("failed: ") and "exited with code 3" in r["skip"] for r in got)
+    assert len(got) == 6 and all(r["skip"].startswith("failed: ") and "exited with code 3" in r["skip"] for r in got)
 
 
 def test_without_a_llama_server_the_run_and_its_report_say_so(run, tmp_path, capsys):
@@ -83,4 +87,4 @@ def test_a_check_the_budget_cannot_hold_is_passed_over_for_cheaper_ones(run, fak
     price = {id(c): 1e6 if k == 0 else 0.01 for k, c in enumerate(found)}
     rows, measured = measure_checks(run, found, [], fake, "version: 4242 (fake0000)", None, 30.0, 30.0,
                                     keep_going=True, time_left=lambda: 60.0, cost=lambda c: price[id(c)])
-    assert measured == 3 and rows[0]["skip"] == UNMEASURED and all(r.get("llama") for r in rows[1:])
+    assert measured == len(found) - 1 and rows[0]["skip"] == UNMEASURED and all(r.get("llama") for r in rows[1:])

@@ -191,7 +191,7 @@ def test_real_llama_server(run):
     r = harness("crosscheck", run, "--llama-server", server, "--per-category", "2")
     assert r.returncode == 0, r.stderr
     got = rows(run)
-    assert len(got) == 4 and all(not x.get("skip") for x in got)
+    assert len(got) == 6 and all(not x.get("skip") for x in got)  # with each policy's bottom line
     for row in got:
         assert row["tool"].startswith("version: ")
         for p in row["prompts"]:

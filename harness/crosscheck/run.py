@@ -167,10 +167,6 @@ def crosscheck_command(run_dir: Path, llama_server: str | None = None, port: int
     from harness.procs import stop_on_signals
     if not run_dir.is_dir():
         raise HarnessError(f"{run_dir}: no such run directory")
-    from harness.rundir import read_plan
-    if read_plan(run_dir).get("params", {}).get("engine") == "server":
-        raise HarnessError(f"{run_dir} was measured in llama-server already (--engine server): crosscheck would "
-                           "check llama-server against itself; crosscheck a run of the harness's own loop")
     if per_category < 0:
         raise HarnessError(f"--per-category must be >= 0, got {per_category}")
     for name, v in (("--start-timeout", start_timeout), ("--request-timeout", request_timeout)):
@@ -180,6 +176,10 @@ def crosscheck_command(run_dir: Path, llama_server: str | None = None, port: int
     version = binary_mod.version(binary)
     if port is not None:
         require_free(port)
+    from harness.rundir import read_plan
+    if read_plan(run_dir).get("params", {}).get("engine") == "server":
+        raise HarnessError(f"{run_dir} was measured in llama-server already (--engine server): crosscheck would "
+                           "check llama-server against itself; crosscheck a run of the harness's own loop")
     found, _plan = checks(run_dir, only, per_category)
     old = [] if redo else kept_rows(run_dir)
     with stop_on_signals():
