@@ -176,6 +176,7 @@ def server_timeouts(f, default: bool = True):  # crosscheck's, server-check's an
               "ShareGPT JSON (instead of prompts/<category>.jsonl).")
 @click.option("--per-category", type=int, help="Prompts per category (0 = all).")
 @click.option("--max-tokens", type=int, help="Tokens per generation (default: each prompt's own).")
+@click.option("--prompt-chars", type=int, help="Each prompt in at most N characters, cut in its middle (0 = whole).")
 @click.option("--repeat", type=int, help="Times every prompt runs (default 1); sampled repeats draw afresh.")
 @click.option("--seed", type=int, help="Seeds every sampled generation (default 0).")
 @click.option("--n-ctx", type=int, help="Context size, shared by --parallel's sequences (default 2048).")

@@ -22,10 +22,10 @@ from harness.specs import DraftSpec, Gamma, NoDraft, parse_draft, parse_gamma
 LIST_KEYS = ("target", "draft", "gamma", "temp", "top_p", "top_k", "min_p", "ngl", "ngl_draft", "threads", "verify",
              "draft_p_min", "draft_n_min", "cache_type_k", "cache_type_v", "cache_type_k_draft", "cache_type_v_draft",
              "flash_attn", "ubatch", "parallel", "kv_unified")
-SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "repeat", "seed", "n_ctx", "calibrate",
-               "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma", "timed_subset",
-               "timed_scope", "min_gain", "prompt_cache", "also", "engine", "llama_server", "server_check",
-               "start_timeout", "request_timeout")
+SCALAR_KEYS = ("categories", "prompts", "per_category", "max_tokens", "prompt_chars", "repeat", "seed", "n_ctx",
+               "calibrate", "paired", "until_confident", "budget_min", "busy_threshold", "replay", "replay_gamma",
+               "timed_subset", "timed_scope", "min_gain", "prompt_cache", "also", "engine", "llama_server",
+               "server_check", "start_timeout", "request_timeout")
 # the timed subset: every proposer's predicted best gamma and gamma 1 per category and policy (and each answer's
 # configuration), or each answer's configuration alone (bench.subset.choose)
 TIMED_SCOPES = ("proposers", "answers")
@@ -63,6 +63,7 @@ class Params:
     prompts: list[str] = field(default_factory=list)
     per_category: int = 0
     max_tokens: int = 0  # 0: each prompt's own max_tokens
+    prompt_chars: int = 0  # each prompt in at most this many characters, cut in its middle (0: whole)
     repeat: int = 1
     seed: int = 0
     n_ctx: int = 2048
@@ -121,7 +122,7 @@ def load_profile(name: str, path: Path | None = None) -> dict:
     return prof
 
 
-SCALAR_TYPES = {"per_category": int, "max_tokens": int, "repeat": int, "seed": int, "n_ctx": int,
+SCALAR_TYPES = {"per_category": int, "max_tokens": int, "prompt_chars": int, "repeat": int, "seed": int, "n_ctx": int,
                 "calibrate": bool, "paired": bool, "until_confident": bool, "budget_min": (int, float),
                 "busy_threshold": (int, float), "replay": bool, "replay_gamma": int, "timed_subset": int,
                 "timed_scope": str, "min_gain": (int, float), "prompt_cache": bool, "also": list, "engine": str,
@@ -171,6 +172,7 @@ def check(p: Params) -> None:
         raise HarnessError(f"--n-ctx must be at least {MIN_CTX}, got {p.n_ctx}")
     for what, ok in (("--repeat must be >= 1", p.repeat >= 1), ("--max-tokens must be >= 0 (0 = each prompt's own)",
                      p.max_tokens >= 0), ("--per-category must be >= 0 (0 = every prompt)", p.per_category >= 0),
+                     ("--prompt-chars must be >= 0 (0 = whole prompts)", p.prompt_chars >= 0),
                      (f"--kv-unified takes on, off or both, got {p.kv_unified}", set(p.kv_unified) <= {"on", "off"}),
                      (f"--seed must be >= 0, got {p.seed}", p.seed >= 0),
                      (f"--max-tokens {p.max_tokens} leaves no room for a prompt in --n-ctx {p.n_ctx}: lower "
@@ -392,11 +394,13 @@ def _expand(p: Params) -> list[Instance]:
 
 def first_round(params: Params) -> list:
     """A new run's prompts: each category's first params.per_category (0: all)."""
-    return load(params.categories or None, [Path(p) for p in params.prompts] or None, params.per_category)
+    return load(params.categories or None, [Path(p) for p in params.prompts] or None, params.per_category,
+                params.prompt_chars)
 
 
 def prompt_pool(params: Params, categories: list[str] | None = None) -> list:
     """Every prompt the run may use, in each file's order: what --until-confident draws its next prompts from."""
     if params.prompts:
-        return load(categories=params.categories or None, paths=[Path(p) for p in params.prompts])
-    return load(categories=categories or params.categories or None)
+        return load(categories=params.categories or None, paths=[Path(p) for p in params.prompts],
+                    chars=params.prompt_chars)
+    return load(categories=categories or params.categories or None, chars=params.prompt_chars)

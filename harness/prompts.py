@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.errors import HarnessError
 
 MAX_INPUT_BYTES = 512 << 20  # an input file read whole (prompts, profiles): larger ones are refused
 CATEGORIES = ("code", "multilingual", "creative", "domain", "grounded", "long_context")
+CUT_MARK = "\n[...]\n"  # where a shortened prompt's middle was
 
 
 def prompts_dir() -> Path:
@@ -40,6 +41,36 @@ class Prompt:
         if self.chat and self.messages:
             return vocab.apply_chat_template([{"role": r, "content": c} for r, c in self.messages])
         return self.text or "\n".join(c for _, c in self.messages)
+
+    @property
+    def chars(self) -> int:
+        """The characters of what the models see, the chat template aside."""
+        if self.text and not (self.chat and self.messages):
+            return len(self.text)
+        return sum(len(c) for _, c in self.messages)
+
+    def shortened(self, chars: int) -> Prompt:
+        """The prompt in at most `chars` characters (0: whole): its longest message, and its text, cut in the middle,
+        where LongBench cuts too, since the head and the tail hold the instructions and the question."""
+        if not chars or self.chars <= chars:
+            return self
+        msgs = self.messages
+        if (over := sum(len(c) for _, c in msgs) - chars) > 0:
+            i = max(range(len(msgs)), key=lambda j: len(msgs[j][1]))
+            role, content = msgs[i]
+            msgs = msgs[:i] + ((role, _middle(content, len(content) - over)),) + msgs[i + 1:]
+        return replace(self, messages=msgs, text=_middle(self.text, chars) if len(self.text) > chars else self.text)
+
+
+def _middle(text: str, keep: int) -> str:
+    """text in at most `keep` characters: its head and tail, cut at whitespace, with CUT_MARK between."""
+    half = max(keep - len(CUT_MARK), 0) // 2
+    if half == 0:
+        return CUT_MARK.strip()
+    head, tail = text[:half], text[len(text) - half:]
+    head = head.rsplit(None, 1)[0] if len(head.rsplit(None, 1)) > 1 else head
+    tail = tail.split(None, 1)[-1]
+    return head + CUT_MARK + tail
 
 
 # ShareGPT's speakers ("from"), as common exports write them, and the chat template's role for each
@@ -226,8 +257,10 @@ def _document(path: Path, text: str) -> list | None:
     return None
 
 
-def load(categories: list[str] | None = None, paths: list[Path] | None = None, per_category: int = 0) -> list[Prompt]:
-    """Prompts from explicit files, or from prompts/<category>.jsonl; the first per_category of each (0 = all)."""
+def load(categories: list[str] | None = None, paths: list[Path] | None = None, per_category: int = 0,
+         chars: int = 0) -> list[Prompt]:
+    """Prompts from explicit files, or from prompts/<category>.jsonl; the first per_category of each (0 = all), each
+    in at most `chars` characters (Prompt.shortened; 0: whole)."""
     categories = list(dict.fromkeys(categories or []))  # a category or file given twice is read once
     source: dict[int, Path] = {}  # id(prompt) -> its file, for a duplicate id's line
     if paths:
@@ -276,4 +309,4 @@ def load(categories: list[str] | None = None, paths: list[Path] | None = None, p
         prompts = kept
     if not prompts:
         raise HarnessError("no prompts selected")
-    return prompts
+    return [p.shortened(chars) for p in prompts]

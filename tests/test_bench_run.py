@@ -69,6 +69,23 @@ def test_the_smoke_profile_end_to_end(tmp_path, smol, smol_q2k):
     assert harness("report", str(run), "--check").returncode == 0
 
 
+@pytest.mark.slow
+def test_prompts_cut_to_the_characters_given_run_shortened_and_resume_alike(tmp_path, smol):
+    """--prompt-chars (the budget's prompt-length cut): long_context's 6,000 characters reach the model as 2,048,
+    the report's evidence line says so, and a resume reads the same shortened prompts."""
+    out = tmp_path / "reports"
+    r = harness("bench", "--target", T, "--categories", "long_context", "--per-category", "1", "--max-tokens", "4",
+                "--draft", "ngram:2", "--gamma", "2", "--prompt-chars", "2048", "--allow-busy", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    run = only_run(out)
+    gens = [x for x in raw(run) if x.get("type") == "generation"]
+    assert gens and all(g["prompt_tokens"] < 700 for g in gens)  # whole, about 1,300
+    assert "prompts cut in the middle to 2048 characters;" in report_md(run)
+    again = harness("bench", "--resume", str(run), "--allow-busy", "--out", str(out))
+    assert again.returncode == 0, again.stderr
+    assert harness("report", str(run), "--check").returncode == 0
+
+
 def test_reports_land_inside_the_out_directory(timed_run):
     out = timed_run.parent.parent  # the fixture's --out: results/runA
     assert (out / f"{timed_run.name}.md").exists() and (out / "latest.md").exists()

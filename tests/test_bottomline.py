@@ -106,7 +106,10 @@ def test_evidence_warns_of_short_outputs_and_a_single_policy():
     assert "16-token outputs (cut from 32 by the budget)" in text
     assert "**short outputs** (16 < 128 tokens)" in text and "**one policy** for F16" in text
     long = "\n".join(bl.evidence(plan | {"params": {"max_tokens": 128}, "budget": {}}, None, bottom[:2]))
-    assert "Mind" not in long
+    assert "Mind" not in long and "prompts cut" not in long
+    cut = {"params": {"max_tokens": 128, "prompt_chars": 2048}, "budget": {"cuts": [{"param": "prompt_chars"}]}}
+    assert "128-token outputs, prompts cut in the middle to 2048 characters by the budget;" in \
+        "\n".join(bl.evidence(plan | cut, None, bottom[:2]))
 
 
 def test_a_timed_bottom_line_says_so_and_a_server_engine_run_is_llama_servers_own():

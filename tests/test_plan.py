@@ -42,6 +42,7 @@ REFUSED = {
     "max-tokens-beyond-n-ctx": ({}, {"max_tokens": 100000}, ["--max-tokens 100000", "--n-ctx 2048"]),
     "max-tokens-equal-n-ctx": ({}, {"max_tokens": 512, "n_ctx": 512}, ["--max-tokens 512", "--n-ctx 512"]),
     "threads-beyond-cores": ({}, {"threads": "100000"}, ["--threads 100000", "logical cores"]),
+    "prompt-chars-negative": ({}, {"prompt_chars": -1}, ["--prompt-chars", ">= 0"]),
 }
 
 
@@ -57,6 +58,7 @@ ACCEPTED = {
     "replay-gamma-with-replay": ({}, {"replay": True, "replay_gamma": 4}),
     "replay-off-keeps-default-replay-gamma": ({"replay": True, "replay_gamma": 8}, {"replay": False}),
     "max-tokens-just-under-n-ctx": ({}, {"max_tokens": 511, "n_ctx": 512}),
+    "prompt-chars-in-profile": ({"prompt_chars": 2048}, {}),
     "budget-min-finite": ({}, {"budget_min": 20.0}),
     # the replay prices llama.cpp's n-gram types at their own gamma (analysis.replay.llama_ngram_steps)
     "llama-ngram-with-replay": ({}, {"replay": True, "draft": "ngram-mod:n-max=16:n-min=12"}),

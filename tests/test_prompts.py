@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import HarnessError
-from harness.prompts import load, prompts_dir
+from harness.prompts import CUT_MARK, Prompt, load, prompts_dir
 from tests.helpers import harness, one_line_error, within
 
 
@@ -331,3 +331,27 @@ def test_a_prompt_file_over_the_size_read_is_refused(tmp_path, monkeypatch):
     f.write_text(json.dumps(_chat(("user", "x" * (2 << 20)))) + "\n")
     with pytest.raises(HarnessError, match="has 2 MiB, above the 1 MiB read here: keep the prompts you need"):
         load(paths=[f])
+
+
+def test_a_shortened_prompt_keeps_its_head_and_tail_and_its_id():
+    """The budget's prompt-length cut: the longest message cut in its middle (instructions first, the question
+    last), within the characters given; a prompt that fits, or chars 0, stays as it is."""
+    doc = " ".join(f"word{i}" for i in range(2000))
+    p = Prompt("long-1", "long_context", (("system", "Be brief."), ("user", f"Read this. {doc} Question: why?")))
+    s = p.shortened(1000)
+    assert s.id == p.id and s.chars <= 1000 and s.digest != p.digest
+    assert s.messages[0] == ("system", "Be brief.")
+    user = s.messages[1][1]
+    assert user.startswith("Read this. word0 ") and user.endswith(" Question: why?") and CUT_MARK in user
+    assert not any(w.startswith("word") and not w[4:].isdigit() for w in user.split())  # cut at whitespace
+    assert p.shortened(0) is p and p.shortened(p.chars) is p
+    raw = Prompt("raw-1", "c", text=doc, chat=False)
+    assert raw.shortened(500).chars <= 500 and raw.shortened(500).text.startswith("word0 ")
+
+
+def test_load_shortens_every_prompt_to_the_characters_given():
+    whole = {p.id: p for p in load(["long_context", "code"], per_category=2)}
+    cut = load(["long_context", "code"], per_category=2, chars=2048)
+    assert [p.id for p in cut] == list(whole)
+    for p in cut:
+        assert p.chars <= 2048 and (p == whole[p.id]) == (whole[p.id].chars <= 2048)

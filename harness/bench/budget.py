@@ -4,9 +4,11 @@ budget, cut, in this order, each step only as far as needed and never to less th
 1. the prompts per category (halved, not below 5; a category with fewer keeps all);
 2. the configurations: the profile's further sweeps (`also`: the default's F16 target), the last first;
 3. the gammas replayed or swept (halved, not below 4);
-4. the timed subset's configurations (every proposer's predicted best gamma and gamma 1 -> each answer's own),
+4. the prompts' length: the longest first, each cut in its middle (prompts.Prompt.shortened) to half the longest's
+   characters, not below 2048 (about 500 tokens; the long_context category's prompts run to 6,000);
+5. the timed subset's configurations (every proposer's predicted best gamma and gamma 1 -> each answer's own),
    then its prompts (halved, not below 1), then the prompts of the llama-server check (halved, not below 2);
-5. only then what the evidence is made of: the tokens per generation (halved, not below 64), the sampled
+6. only then what the evidence is made of: the tokens per generation (halved, not below 64), the sampled
    policies (the main sweep keeps its coolest, greedy), and the tokens again (not below 32).
 
 Evidence of realistic size (outputs of 128 tokens, greedy and a sampled policy, 5 prompts a category) goes last:
@@ -24,10 +26,10 @@ from dataclasses import asdict, dataclass, replace
 
 from harness.plan import Params
 
-MIN_PROMPTS, MIN_GAMMA, MIN_SUBSET, MIN_CHECK = 5, 4, 1, 2
+MIN_PROMPTS, MIN_GAMMA, MIN_SUBSET, MIN_CHECK, MIN_CHARS = 5, 4, 1, 2, 2048
 REALISTIC_TOKENS, MIN_TOKENS = 64, 32  # output length cut to the first before a policy goes, then to the second
 PLANNED = 0.85  # the share of the budget a run is fitted to: room for the estimate's error
-KEPT = ("also", "temp", "max_tokens")  # cuts that name the budget that would keep what they cut
+KEPT = ("also", "prompt_chars", "temp", "max_tokens")  # cuts that name the budget that would keep what they cut
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,19 @@ class Fit:
 Step = Callable[[Params], "Params | None"]
 
 
-def _steps(largest_category: int, own_max_tokens: int) -> list[tuple[str, Step]]:
+@dataclass(frozen=True)
+class Shape:
+    """What a run's 0s stand for: its largest category's prompts, the longest of the prompts' own max_tokens, and
+    the longest prompt's characters."""
+    largest_category: int
+    own_max_tokens: int
+    longest_prompt: int
+
+
+def _steps(shape: Shape) -> list[tuple[str, Step]]:
     """(field, one cut of it), in the order they are cut; a cut is None at its floor."""
     def prompts(p: Params) -> Params | None:
-        now = p.per_category or largest_category
+        now = p.per_category or shape.largest_category
         return replace(p, per_category=max(MIN_PROMPTS, now // 2)) if now > MIN_PROMPTS else None
 
     def sweeps(p: Params) -> Params | None:
@@ -80,6 +91,10 @@ def _steps(largest_category: int, own_max_tokens: int) -> list[tuple[str, Step]]
         kept = [g for g in p.gamma if g.adaptive or g.n <= new]  # auto:N keeps its own N
         return replace(p, gamma=kept, replay_gamma=new if p.replay else p.replay_gamma) if kept else None
 
+    def length(p: Params) -> Params | None:
+        now = p.prompt_chars or shape.longest_prompt
+        return replace(p, prompt_chars=max(MIN_CHARS, now // 2)) if now > MIN_CHARS else None
+
     def scope(p: Params) -> Params | None:
         return replace(p, timed_scope="answers") if p.timed_subset and p.timed_scope != "answers" else None
 
@@ -93,27 +108,26 @@ def _steps(largest_category: int, own_max_tokens: int) -> list[tuple[str, Step]]
 
     def tokens(floor: int) -> Step:
         def cut(p: Params) -> Params | None:
-            now = p.max_tokens or own_max_tokens  # 0: each prompt's own, at most own_max_tokens
+            now = p.max_tokens or shape.own_max_tokens  # 0: each prompt's own, at most own_max_tokens
             return replace(p, max_tokens=max(floor, now // 2)) if now > floor else None
         return cut
 
     def policy(p: Params) -> Params | None:
         return replace(p, temp=[min(p.temp)]) if len(p.temp) > 1 else None
 
-    return [("per_category", prompts), ("also", sweeps), ("gamma", gammas), ("timed_scope", scope),
+    return [("per_category", prompts), ("also", sweeps), ("gamma", gammas), ("prompt_chars", length),
+            ("timed_scope", scope),
             ("timed_subset", subset), ("server_check", check), ("max_tokens", tokens(REALISTIC_TOKENS)),
             ("temp", policy), ("max_tokens", tokens(MIN_TOKENS))]
 
 
-def fit(params: Params, cost: Callable[[Params], float], largest_category: int, own_max_tokens: int) -> Fit:
-    """params cut to fit params.budget_min by cost(params) (seconds), and the cuts made, each with its reason.
-    largest_category: the most prompts a category has; own_max_tokens: the longest of the prompts' own
-    max_tokens (what max_tokens 0 stands for)."""
+def fit(params: Params, cost: Callable[[Params], float], shape: Shape) -> Fit:
+    """params cut to fit params.budget_min by cost(params) (seconds), and the cuts made, each with its reason."""
     est = before = cost(params)
     if params.budget_min is None:
         return Fit(params, None, before, before)
     budget_s, p, made = params.budget_min * 60 * PLANNED, params, []
-    for name, cut in _steps(largest_category, own_max_tokens):
+    for name, cut in _steps(shape):
         start, start_est = p, est
         while est > budget_s and (nxt := cut(p)) is not None and (nxt_est := cost(nxt)) < est:
             p, est = nxt, nxt_est
@@ -129,7 +143,8 @@ def fit(params: Params, cost: Callable[[Params], float], largest_category: int, 
         else:
             kept.insert(0, (name, start, end, a, b))
     over = f"over {budget_s / 60:.1f} min ({PLANNED:.0%} of the {params.budget_min:g} min budget)"
-    own = {"per_category": largest_category, "max_tokens": own_max_tokens}  # what 0 stands for
+    own = {"per_category": shape.largest_category, "max_tokens": shape.own_max_tokens,
+           "prompt_chars": shape.longest_prompt}  # what 0 stands for
     cuts = tuple(_cut(name, start, end, p, (a, b, f"estimated {a / 60:.1f} min, {over}"), cost, own)
                  for name, start, end, a, b in kept)
     return Fit(p, params.budget_min, before, est, cuts)

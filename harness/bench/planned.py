@@ -7,7 +7,7 @@ from collections import Counter
 
 import click
 
-from harness.bench.budget import Fit, fit
+from harness.bench.budget import Fit, Shape, fit
 from harness.bench.estimate import evidence_parts, remaining_parts
 from harness.bench.probe import Figures
 from harness.instance import Instance
@@ -22,8 +22,9 @@ def first_pass(instances: list[Instance], skipped: dict, params: Params) -> list
 def fit_new_run(params: Params, skipped: dict, figures: Figures) -> Fit:
     """A new run's parameters cut to fit its budget (bench.budget), estimated as a resumed run's remainder is."""
     pool = prompt_pool(params)
-    return fit(params, lambda p: sum(new_run_parts(p, skipped, figures).values()),
-               max(Counter(p.category for p in pool).values()), max(p.max_tokens for p in pool))
+    shape = Shape(max(Counter(p.category for p in pool).values()), max(p.max_tokens for p in pool),
+                  max(p.chars for p in pool))
+    return fit(params, lambda p: sum(new_run_parts(p, skipped, figures).values()), shape)
 
 
 def _first_units(p: Params, skipped: dict) -> tuple[list, list[Instance], list]:

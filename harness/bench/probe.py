@@ -139,7 +139,7 @@ def _ms(work, *args, **kw) -> float:
 
 class Figures:
     """What estimates start from, each measured once and kept: a Probe per (model, threads, ngl), and each
-    prompt's length in its target's tokens (the chat template applied), per (target, prompt id), from the
+    prompt's length in its target's tokens (the chat template applied), per (target, prompt digest), from the
     target's vocabulary alone (fast to load). Given entries are used as they are."""
 
     def __init__(self, probes: dict | None = None, lengths: dict | None = None):
@@ -165,7 +165,7 @@ class Figures:
         return line
 
     def tokens(self, target: str, prompt) -> int:
-        key = (target, prompt.id)
+        key = (target, prompt.digest)  # a prompt shortened by the budget keeps its id
         if key not in self.lengths:
             if target not in self._vocabs:
                 from harness.llamacpp import Vocab, load_model

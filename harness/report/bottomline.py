@@ -301,6 +301,8 @@ def evidence(plan: dict, sweep: pl.DataFrame | None, bottom: list[dict]) -> list
     time = f"; plain generation took {plain_s / 60:.1f} of the run's {took / 60:.1f} min" if took \
         else ""
     length = f"{tokens}-token outputs{cut}" if tokens else "each prompt's own output length"
+    if chars := p.get("prompt_chars"):
+        length += f", prompts cut in the middle to {chars} characters{' by the budget' * ('prompt_chars' in cuts)}"
     out = [f"Evidence: {n} prompts, {length}; {said}{time}."]
     one = [label(t, models, list(pols)) for t, ps in pols.items() if len(ps) == 1]
     short_ = tokens and tokens < SHORT_OUTPUT

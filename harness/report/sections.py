@@ -215,7 +215,7 @@ def until_confident(plan: dict, verdicts: pl.DataFrame | None) -> list[str]:
 BUDGET_LABELS = {"max_tokens": "max tokens", "replay_gamma": "replay gamma", "gamma": "gammas",
                  "timed_subset": "timed subset", "per_category": "prompts per category",
                  "also": "further sweeps", "temp": "temperatures", "timed_scope": "timed subset's configurations",
-                 "server_check": "llama-server check prompts"}
+                 "server_check": "llama-server check prompts", "prompt_chars": "prompt length (characters)"}
 
 
 def budget_line(rec: dict | None, took: dict | None = None) -> str | None:
