@@ -52,7 +52,7 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
         out["concurrency"] = conc
     out |= replay_frames(run_dir, plan, sweep, gens, m["p_gens"], cfg, own_costs, out["noise"])
     if not len(out.get("pooled_verdicts", ())):
-        out |= timed_pooled(run_dir, plan, cfg, ok, sweep, out)
+        out |= timed_pooled(run_dir, plan, cfg, ok, m, out)
     out["timing_floor"] = m["timing_floor"]
     if plan["params"].get("engine") == "server":
         out["server_pooled"] = llamaserver.pooled(records, p_records, cfg, out["noise"])
@@ -62,11 +62,13 @@ def compute(run_dir: Path) -> dict[str, pl.DataFrame]:
     return out
 
 
-def measured(run_dir: Path, cfg: pl.DataFrame, units: set[str], pool: bool = False) -> dict | None:
-    """The sweep (per configuration x category: throughput, acceptance, intervals) from the given units' traces,
-    with the frames it was made of; None where they hold no generation. pool: every category as one (ALL)."""
-    records = load_records(run_dir, units)
-    p_records = load_records(run_dir / PAIRED_DIR, units)  # each with its configuration's id
+def measured(run_dir: Path, cfg: pl.DataFrame, units: set[str], pool: bool = False,
+             read: tuple[list, list] | None = None) -> dict | None:
+    """The sweep (per configuration x category: throughput, acceptance, intervals) from the given units' traces
+    (read: their records and their paired records, where the caller has them), with the frames it was made of;
+    None where they hold no generation. pool: every category as one (ALL)."""
+    records, p_records = read or (load_records(run_dir, units),
+                                  load_records(run_dir / PAIRED_DIR, units))  # each with its configuration's id
     (steps, gens), (p_steps, p_gens) = (
         tuple(f.with_columns(pl.lit(ALL).alias("category")) if pool and "category" in f.columns else f
               for f in metrics.frames(r)) for r in (records, p_records))
@@ -168,13 +170,14 @@ def run_verdicts(run_dir: Path, plan: dict, results: dict[str, dict], cfg: pl.Da
     return verdicts_frame(rows) if rows else pl.DataFrame()
 
 
-def timed_pooled(run_dir: Path, plan: dict, cfg: pl.DataFrame, units: set[str], sweep: pl.DataFrame,
+def timed_pooled(run_dir: Path, plan: dict, cfg: pl.DataFrame, units: set[str], m: dict,
                  out: dict) -> dict[str, pl.DataFrame]:
     """A run without a replay: its timed verdicts over every category at once (category ALL; the bottom line's),
-    or its one category's where it measured one."""
+    or its one category's where it measured one. m: what measured gave for its categories apart."""
+    sweep = m["sweep"]
     if sweep["category"].n_unique() == 1:
         return {"sweep_pooled": sweep, "timed_pooled_verdicts": out["verdicts"]}
-    pooled = measured(run_dir, cfg, units, pool=True)["sweep"]
+    pooled = measured(run_dir, cfg, units, pool=True, read=(m["records"], m["p_records"]))["sweep"]
     tried = plan.get("timed_in_sample") or {}
     return {"sweep_pooled": pooled, "timed_pooled_verdicts": verdicts(
         pooled, out["noise"], plan.get("params", {}).get("min_gain", verdict.MIN_GAIN),
