@@ -11,7 +11,7 @@ import pytest
 
 from harness.analysis.verdict import SPECULATE
 from harness.bench.confirm import server_check
-from harness.report.llamaserver import UNMEASURED
+from harness.checkrows import UNMEASURED
 from harness.plan import Params
 from harness.report import write_reports
 from harness.rundir import read_plan

@@ -313,7 +313,7 @@ def test_a_server_reporting_no_measurement_stores_nothing(smoke, fake, timings, 
 
 def test_stored_rows_that_are_no_measurement_are_dropped(tmp_path, capsys):
     """Rows stored before such answers were refused are not kept as finished: each is dropped, saying why."""
-    from harness.report import llamaserver as output
+    from harness import checkrows
     from harness.crosscheck.run import kept_rows
     good = {"key": "a", "category": "code", "policy": "greedy", "configuration": "ngram:2 γ 3",
             "prompts": [{"id": "code-01", "plain": GOOD, "speculative": GOOD}]}
@@ -321,7 +321,7 @@ def test_stored_rows_that_are_no_measurement_are_dropped(tmp_path, capsys):
                                             "speculative": GOOD}]}
     half = good | {"key": "c", "prompts": [{"id": "code-03", "plain": GOOD}]}
     skip = {"key": "skip-chat", "category": "chat", "skip": "parallel 2: crosscheck sends one request at a time"}
-    output.save(tmp_path, [good, zero, half, skip])
+    checkrows.save(tmp_path, [good, zero, half, skip])
     assert kept_rows(tmp_path) == [good, skip]
     err = capsys.readouterr().err
     assert "prompt code-02, plain: timings.predicted_n 0 (no token generated)" in err

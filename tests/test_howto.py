@@ -1,4 +1,4 @@
-"""harness.report.howto: the llama.cpp commands for a configuration, checked against llama.cpp's own parser."""
+"""harness.howto: the llama.cpp commands for a configuration, checked against llama.cpp's own parser."""
 import re
 import shlex
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 
 from harness.models.catalog import Model
 from harness.instance import Instance
-from harness.report.howto import howto, model_path
+from harness.howto import howto, model_path
 from harness.sampling import Policy
 from harness.specs import parse_draft
 

@@ -20,7 +20,7 @@ from harness.loop import Request, generate
 from harness.llamangram import NgramCache
 from harness.instance import Instance
 from harness.plan import expand, make_params
-from harness.report.howto import howto
+from harness.howto import howto
 from harness.sampling import Policy
 from harness.specs import LlamaNgram, NGram, parse_draft
 from tests.fakes import FakeEngine

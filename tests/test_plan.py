@@ -14,7 +14,7 @@ from harness.drafting import Drafting
 from harness.errors import HarnessError
 from harness.instance import Instance
 from harness.plan import Params, check, expand, make_params
-from harness.report.howto import howto
+from harness.howto import howto
 from harness.sampling import Policy
 from harness.specs import DraftModel, NGram
 from tests.conftest import D, PROMPT_FILE, skip_on_gpu_build

@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.bench.probe import REPS, Figures, Probe
 from harness.instance import Instance
 from harness.plan import Params
-from harness.report.llamaserver import JSON
+from harness.checkrows import JSON
 
 ALPHA_GUESS = 0.6  # acceptance assumed for the estimate; the sweep measures the real one
 # Measured on the 2-core Xeon VM, page cache warm: a spawned worker up to its first model (the interpreter, the

@@ -2,7 +2,7 @@
 llama-server instead of the harness's own loop, written as the same traces, so that the report's intervals,
 verdicts and output checks come out of the same analysis.
 
-- The flags are those the report's "how to run it" gives (report.howto: llama.cpp's names for every type and
+- The flags are those the report's "how to run it" gives (howto: llama.cpp's names for every type and
   setting); the plain reference is the same command with its --spec-* flags dropped and `--spec-type none`.
 - A baseline configuration runs on one server, started for the unit and stopped after it. A speculative one runs
   as `harness server-check` does (crosscheck.servercheck.measure): every request and its plain twin each on a
@@ -44,8 +44,8 @@ LOGS_DIR = "server_logs"
 
 
 def command(inst: Instance, params: Params) -> Command:
-    """The configuration's llama-server flags (report.howto's) and the plain twin's, as server-check runs them."""
-    from harness.report.howto import howto
+    """The configuration's llama-server flags (howto's) and the plain twin's, as server-check runs them."""
+    from harness.howto import howto
     spec, plain = server_args(howto(inst, params.n_ctx).server)
     plain = [*plain, "--spec-type", "none"]
     pol = inst.policy

@@ -1,5 +1,5 @@
 """What `harness crosscheck` runs for a finished run: the configurations its answers name (report.answer), each
-with llama-server's command lines (report.howto: speculative, and the same without the --spec-* flags for the
+with llama-server's command lines (howto: speculative, and the same without the --spec-* flags for the
 plain baseline), the run's prompts of that category as the harness's own token ids, and the harness's figures
 to put beside llama.cpp's."""
 from __future__ import annotations
@@ -129,7 +129,7 @@ def checks(run_dir: Path, only: str = "all", per_category: int = 0) -> tuple[lis
     """The checks of a run and its plan: every "speculate" answer, and (only="all") the configuration every other
     answer names as its best."""
     from harness.report.answer import answers
-    from harness.report.howto import howto
+    from harness.howto import howto
     from harness.report.tables import compute
     from harness.rundir import read_plan
     if only not in ONLY:

@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from harness.crosscheck import binary as binary_mod
+from harness import checkrows
+from harness.checkrows import UNMEASURED
 from harness.report import llamaserver as output
-from harness.report.llamaserver import UNMEASURED
 from harness.crosscheck.checks import Check, checks
 from harness.crosscheck.server import Server, free_port, require_free
 from harness.analysis.serverstats import fault, figures, row_fault, same_outputs
@@ -90,11 +91,11 @@ def kept_rows(run_dir: Path) -> list[dict]:
     """crosscheck.json's rows, less those holding a response that is not a measurement (stored before such were
     refused): each dropped with a line saying why, and measured again."""
     out = []
-    for r in output.load(run_dir):
+    for r in checkrows.load(run_dir):
         why = None if r.get("skip") else row_fault(r)
         if why:
             click.echo(f"crosscheck: {r.get('category')}, {r.get('policy')}: {r.get('configuration')}: the row in "
-                       f"{output.JSON} is not a measurement ({why}): dropped, measured again", err=True)
+                       f"{checkrows.JSON} is not a measurement ({why}): dropped, measured again", err=True)
             continue
         out.append(r)
     return out
@@ -121,7 +122,7 @@ def measure_checks(run_dir: Path, found: list[Check], old: list[dict], binary: P
             continue
         if c.key in done:
             rows.append(done[c.key])
-            click.echo(f"crosscheck: {where}: kept from {output.JSON}", err=True)
+            click.echo(f"crosscheck: {where}: kept from {checkrows.JSON}", err=True)
             continue
         left = time_left() if time_left else None
         est = cost(c) if cost else None
@@ -134,12 +135,12 @@ def measure_checks(run_dir: Path, found: list[Check], old: list[dict], binary: P
                    "speculative", err=True)
         t0 = time.monotonic()
         try:
-            prompts = measure(binary, c, port or free_port(), run_dir / output.LOGS, start_timeout,
+            prompts = measure(binary, c, port or free_port(), run_dir / checkrows.LOGS, start_timeout,
                               request_timeout, plain_first=measured % 2 == 0)
         except HarnessError as e:
             if not keep_going:
                 kept = len([r for r in rows if not r.get("skip")])
-                raise HarnessError(f"{e} ({kept} configuration(s) finished and kept in {run_dir / output.JSON}: "
+                raise HarnessError(f"{e} ({kept} configuration(s) finished and kept in {run_dir / checkrows.JSON}: "
                                    "run crosscheck again to go on)", e.exit_code) from None
             click.echo(f"crosscheck: {where}: {e}", err=True)
             rows.append(base_row(c) | {"key": f"failed-{c.key}", "skip": f"failed: {e}"})
@@ -154,9 +155,9 @@ def measure_checks(run_dir: Path, found: list[Check], old: list[dict], binary: P
             "plain_command": c.plain_args, "prompts": prompts,
             "llama": figures(prompts, c.answer["verdict"], c.answer["min_gain"])
             | {"same_output": list(same_outputs(prompts))}})
-        output.save(run_dir, output.merge(old, rows))
+        checkrows.save(run_dir, checkrows.merge(old, rows))
         output.write_md(run_dir, rows)
-    output.save(run_dir, output.merge(old, rows))
+    checkrows.save(run_dir, checkrows.merge(old, rows))
     return rows, measured
 
 
@@ -188,4 +189,4 @@ def crosscheck_command(run_dir: Path, llama_server: str | None = None, port: int
     from harness.report import write_reports
     write_reports(run_dir)  # the answer shows llama-server's figures beside its own
     return "\n".join([*output.summary(rows), f"{measured} configuration(s) measured now; written to {md} and "
-                      f"{run_dir / output.JSON}"])
+                      f"{run_dir / checkrows.JSON}"])

@@ -12,8 +12,9 @@ from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SETTLED, SPEC
 from harness.models.arch import implications, words
 from harness.report.bottomline import MIN_INTERVAL, per_prompt, plain_pace
 from harness.report.fmt import beside, ci
-from harness.report.howto import howto, rule_differs
-from harness.report.llamaserver import UNMEASURED, spec_flags
+from harness.howto import howto, rule_differs
+from harness.checkrows import UNMEASURED
+from harness.report.llamaserver import spec_flags
 from harness.report.replayed import best_fixed, confirmation
 from harness.report.verdicts import GROUP, LEVEL_REPLAY
 from harness.specs import parse_draft
@@ -24,7 +25,7 @@ VARY = ("target", "ngl", "threads", "setup")
 def answers(data: dict[str, pl.DataFrame], plan: dict, pooled: bool = False) -> list[dict]:
     """One dict per group: where (target, ngl, threads, setup, category, policy), the verdict, the configuration
     it names and its figures, what it rests on (predicted from every prompt, or timed) with its timed check and,
-    for speculate, how to run it in llama.cpp (report.howto) with, where llama.cpp's rule differs from the one
+    for speculate, how to run it in llama.cpp (howto) with, where llama.cpp's rule differs from the one
     measured, the figure of llama.cpp's rule beside. A prediction its own timed run contradicts is no answer:
     the group's timed verdict decides where it settled, else the group is inconclusive. pooled: the answers over
     every category at once (category "all", the bottom line's), where the run has a replay; else none."""

@@ -1,51 +1,15 @@
-"""crosscheck.json (every finished configuration's rows, written as each one finishes, so that an interruption
-loses nothing finished and a rerun skips it) and crosscheck.md (the side-by-side table), in the run directory.
-section() gives the Markdown lines, for the report too."""
+"""crosscheck.md (the side-by-side table of crosscheck.json's rows, checkrows) in the run directory, and the
+frames the report makes of those rows. section() gives the Markdown lines, for the report too."""
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 from harness.analysis.serverstats import CONTRADICTED, HOLDS, NOT_CHECKED, UNSETTLED, rate, ratios
+from harness.checkrows import RULE, load
 from harness.report.fmt import ci, pct_ci, table
 
-JSON, MD = "crosscheck.json", "crosscheck.md"
-LOGS = "crosscheck-logs"
-UNMEASURED = "not measured within the run's budget (harness crosscheck RUN measures it)"
-VERSION = 1
+MD = "crosscheck.md"
 VARY = ("target", "ngl", "threads", "setup")
-RULE = ("A verdict holds in llama.cpp when llama-server's own 95% interval, over the same prompts, supports it by "
-        "the run's rule: speculate when its lower bound is above 1 + the least gain worth having; no gain worth "
-        "having when its upper bound is below 1 + that gain; plain decoding when its upper bound is below 1. "
-        "Contradicted: the interval supports the opposite; unsettled: neither (more prompts would tell). An "
-        "inconclusive verdict claims nothing (-): llama.cpp's own reading stands beside it.")
-
-
-def load(run_dir: Path) -> list[dict]:
-    """The rows crosscheck.json holds ([] when there is none, or it cannot be read: it is measured again)."""
-    try:
-        d = json.loads((run_dir / JSON).read_text())
-    except (OSError, ValueError):
-        return []
-    rows = d.get("rows") if isinstance(d, dict) and d.get("version") == VERSION else None
-    return [r for r in rows if isinstance(r, dict) and r.get("key")] if isinstance(rows, list) else []
-
-
-def save(run_dir: Path, rows: list[dict]) -> None:
-    """Written whole to a temporary file, then renamed over the old one: a kill never leaves half a file."""
-    from harness.errors import naming
-    path = run_dir / JSON
-    tmp = path.with_suffix(".json.tmp")
-    with naming(path, run=run_dir):
-        tmp.write_text(json.dumps({"version": VERSION, "rule": RULE, "rows": rows}, indent=1))
-        os.replace(tmp, path)
-
-
-def merge(old: list[dict], new: list[dict]) -> list[dict]:
-    """This invocation's rows in its order, then rows of earlier ones it did not touch (kept, never lost)."""
-    keys = {r["key"] for r in new}
-    return new + [r for r in old if r["key"] not in keys]
 
 
 def tool(row: dict) -> str:

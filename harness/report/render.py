@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
+from harness import checkrows
 from harness.models.arch import words
 from harness.report import answer, bottomline, concurrency, llamaserver, replayed, sections
 from harness.report.diagnostics import DIAGNOSTICS
@@ -64,7 +65,7 @@ def _server_line(run_dir: Path, plan: dict, rel: Path) -> str:
     why = (plan.get("server_check") or {}).get("not_run")
     if why:
         return f"Not run in llama-server (`--server-check`): {why}"
-    if not (run_dir / llamaserver.JSON).exists():
+    if not (run_dir / checkrows.JSON).exists():
         return ""
     return (f"Each answer's configuration also ran in llama-server, as its command gives it, beside its plain twin "
             f"on the same prompts ([{llamaserver.MD}]({(rel / llamaserver.MD).as_posix()}): the table and its rule).")
