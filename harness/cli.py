@@ -61,6 +61,43 @@ def models_info(ref, as_json):
 
 
 CACHE_HELP = ", ".join(CACHE_TYPES)
+# the options run and bench share, declared once: (name, run's type, what it sets); bench sweeps a comma list of
+# each (seed and n_ctx aside), run takes one value, and either shows Params' default
+SHARED = (
+    ("gamma", int, "draft length per step (bench also takes auto or auto:N: gamma chosen per step)"),
+    ("temp", float, "temperature (0 = greedy)"), ("top_p", float, "top-p"), ("top_k", int, "top-k (0 disables)"),
+    ("min_p", float, "min-p"), ("ngl", int, "target layers offloaded to the GPU"),
+    ("ngl_draft", int, "draft layers offloaded to the GPU"), ("threads", int, "threads (0 = physical cores)"),
+    ("verify", str, "verification rule: leviathan (rejection sampling against the draft's q) or exact (llama.cpp's: "
+                    "the draft's top token, kept while the target samples it)"),
+    ("draft_p_min", float, "stop drafting once the draft's top probability falls below this (llama.cpp's "
+                           "--spec-draft-p-min; 0 = never)"),
+    ("draft_n_min", int, "drop a draft shorter than this; that step decodes plainly"),
+    ("cache_type_k", str, f"target K cache type: {CACHE_HELP}"),
+    ("cache_type_v", str, "target V cache type (a quantized one needs flash attention)"),
+    ("cache_type_k_draft", str, "draft K cache type"), ("cache_type_v_draft", str, "draft V cache type"),
+    ("flash_attn", str, "flash attention, both models: on, off or auto"),
+    ("ubatch", int, "physical batch size, both models (smaller shrinks the compute buffer)"),
+    ("seed", int, "seeds every sampled generation"),
+    ("n_ctx", int, "context size in tokens (bench's --parallel sequences share it)"),
+)
+
+
+def shared_options(many: bool):
+    """SHARED's options, for bench (many: comma lists) or run (one value each)."""
+    from harness.plan import Params
+    defaults = Params().to_dict()
+
+    def add(f):
+        for name, kind, what in reversed(SHARED):
+            d = defaults[name]
+            listed = isinstance(d, list)
+            shown = ",".join(map(str, d)) if listed else d
+            said = f"Comma list: {what}" if many and listed else what[0].upper() + what[1:]
+            text = f"{said}; default {shown}."
+            f = click.option(f"--{name.replace('_', '-')}", type=None if many and listed else kind, help=text)(f)
+        return f
+    return add
 
 
 @cli.command()
@@ -72,27 +109,7 @@ CACHE_HELP = ", ".join(CACHE_TYPES)
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="The prompt's own max tokens.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding and compare.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Append per-step JSONL records here.")
-@click.option("--gamma", type=int, help="Draft length per step (default 4).")
-@click.option("--temp", type=float, help="0 is greedy (the default).")
-@click.option("--top-k", type=int, help="0 (the default) disables.")
-@click.option("--top-p", type=float, help="Default 1.")
-@click.option("--min-p", type=float, help="Default 0.")
-@click.option("--seed", type=int, help="Default 0.")
-@click.option("--n-ctx", type=int, help="Context size (default 2048).")
-@click.option("--ngl", type=int, help="Target layers offloaded to the GPU (default 0).")
-@click.option("--ngl-draft", type=int, help="Draft layers offloaded to the GPU (default 0).")
-@click.option("--threads", type=int, help="Default: physical cores.")
-@click.option("--verify", help="leviathan (rejection sampling; the default) or exact (llama.cpp's: the draft's top "
-                               "token, kept while the target samples it).")
-@click.option("--draft-p-min", type=float, help="Stop drafting once the draft's top probability falls below this "
-                                                "(default 0: never).")
-@click.option("--draft-n-min", type=int, help="Drop a draft shorter than this (that step decodes plainly).")
-@click.option("--cache-type-k", help=f"Target K cache type: {CACHE_HELP} (default f16).")
-@click.option("--cache-type-v", help="Target V cache type (quantized: needs flash attention).")
-@click.option("--cache-type-k-draft", help="Draft K cache type.")
-@click.option("--cache-type-v-draft", help="Draft V cache type.")
-@click.option("--flash-attn", help="on, off or auto (both models; the default).")
-@click.option("--ubatch", type=int, help="Physical batch size (both models; default 512).")
+@shared_options(many=False)
 def run(target, prompt_text, prompt_file, raw, max_tokens, baseline, trace_path, **opts):
     """One generation with TARGET (and a draft): text with accepted draft tokens marked, then a summary.
     Its options are bench's, checked by bench's code, with bench's defaults; each takes one value."""
@@ -148,26 +165,7 @@ def server_timeouts(f, default: bool = True):  # crosscheck's, server-check's an
 @click.option("--draft", help="Comma list: names, paths, ngram:N, ngram-simple/-map-k/-map-k4v/-mod/-cache; --engine "
               "server also draft-mtp[:HEAD], draft-eagle3:HEAD, draft-dflash:HEAD, A+B (a --spec-type list); "
               "none = baseline only; not given: picked for the target.")
-@click.option("--gamma", help="Comma list of draft lengths, e.g. 1,2,4,8; auto or auto:N picks gamma per step.")
-@click.option("--temp", help="Comma list of temperatures (0 = greedy).")
-@click.option("--top-p", help="Comma list.")
-@click.option("--top-k", help="Comma list.")
-@click.option("--min-p", help="Comma list.")
-@click.option("--ngl", help="Comma list of target GPU layers.")
-@click.option("--ngl-draft", help="Comma list of draft GPU layers.")
-@click.option("--threads", help="Comma list of thread counts (0 = physical cores).")
-@click.option("--verify", help="Comma list of verification rules: leviathan (rejection sampling against the draft's "
-                               "q), exact (llama.cpp's: the draft's top token, kept while the target samples it).")
-@click.option("--draft-p-min", help="Comma list: stop drafting once the draft's top probability falls below this "
-                                    "(llama.cpp's --spec-draft-p-min; 0 = never).")
-@click.option("--draft-n-min", help="Comma list: drop a draft shorter than this; that step decodes plainly.")
-@click.option("--cache-type-k", help=f"Comma list of the target's K cache types: {CACHE_HELP} (default f16).")
-@click.option("--cache-type-v", help="Comma list of the target's V cache types (quantized ones need flash attention).")
-@click.option("--cache-type-k-draft", help="Comma list of the draft's K cache types.")
-@click.option("--cache-type-v-draft", help="Comma list of the draft's V cache types.")
-@click.option("--flash-attn", help="Comma list of on, off, auto (both models; default auto).")
-@click.option("--ubatch", help="Comma list of physical batch sizes, both models (default 512; smaller shrinks the "
-                               "compute buffer).")
+@shared_options(many=True)
 @click.option("--parallel", help="Comma list of how many requests decode together, each its own sequence in one "
                                  "context (llama-server's -np); --n-ctx is shared among them (default 1).")
 @click.option("--kv-unified", help="Comma list of off, on: the sequences' KV in one buffer (llama-server's -kvu).")
@@ -178,8 +176,6 @@ def server_timeouts(f, default: bool = True):  # crosscheck's, server-check's an
 @click.option("--max-tokens", type=int, help="Tokens per generation (default: each prompt's own).")
 @click.option("--prompt-chars", type=int, help="Each prompt in at most N characters, cut in its middle (0 = whole).")
 @click.option("--repeat", type=int, help="Times every prompt runs (default 1); sampled repeats draw afresh.")
-@click.option("--seed", type=int, help="Seeds every sampled generation (default 0).")
-@click.option("--n-ctx", type=int, help="Context size, shared by --parallel's sequences (default 2048).")
 @click.option("--out", default="reports", show_default=True,
               help="The reports directory: Markdown reports land here, run directories in its runs/.")
 @click.option("--resume", "resume", type=click.Path(file_okay=False), help="Run only what RUN_DIR is missing.")

@@ -33,3 +33,21 @@ def test_rerun_busy_needs_resume(tmp_path):
 
 def test_a_dry_run_plans_a_new_run_only(tmp_path):
     one_line_error(harness("bench", "--resume", tmp_path, "--dry-run"), "--dry-run", "--resume")
+
+
+def test_run_and_bench_share_one_declaration_of_their_options_with_the_plans_defaults():
+    """SHARED declares each option once: bench takes a comma list, run one value (typed), and both show Params'
+    default, never one spelled by hand."""
+    from harness.cli import SHARED, bench, run
+    from harness.plan import Params
+    defaults = Params().to_dict()
+    for cmd, many in ((bench, True), (run, False)):
+        opts = {p.name: p for p in cmd.params}
+        for name, kind, _ in SHARED:
+            d = defaults[name]
+            listed = isinstance(d, list)
+            shown = ",".join(map(str, d)) if listed else str(d)
+            assert opts[name].help.endswith(f"; default {shown}."), (cmd.name, name)
+            assert opts[name].help.startswith("Comma list: ") == (many and listed), (cmd.name, name)
+            if not (many and listed):
+                assert opts[name].type.name == {int: "integer", float: "float", str: "text"}[kind], (cmd.name, name)
