@@ -145,6 +145,42 @@ def test_greedy_divergence_is_classified_on_the_target(tmp_path, smol, fake, mon
     assert all(isinstance(d["plain_argmax"], int) and d["margin"] >= 0 for d in div)
 
 
+@pytest.mark.parametrize("baseline", [False, True], ids=["52-speculative", "52-baseline"])
+def test_an_interrupted_unit_keeps_its_finished_prompts(tmp_path, smol, fake, monkeypatch, baseline):  # case 52
+    """Ctrl-C in the unit's second prompt: --resume keeps the first prompt's records as they were and measures
+    only the second, its twin first as ABBA had it."""
+    from harness.crosscheck import run
+    real, asked = run.ask, []
+
+    def ask(*a, **kw):
+        asked.append(a[1])
+        if len(asked) == (2 if baseline else 3):
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(run, "ask", ask)
+    params = server_params(fake)
+    inst = next(i for i in expand(params) if i.baseline == baseline)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        serverunit.run_server_unit(inst, 0, first_round(params), params, run_dir)
+    files = [trace_path(run_dir, inst.id)] + ([] if baseline else [trace_path(run_dir / PAIRED_DIR, inst.id)])
+    before = {f: read_records(f) for f in files}
+    assert inst.id not in finished(run_dir)
+    assert all([r["prompt_id"] for r in recs if r["type"] == "generation"] == ["code-1"] for recs in before.values())
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
+    monkeypatch.setattr(run, "ask", real)
+    row = serverunit.run_server_unit(inst, 0, first_round(params), params, run_dir)
+    assert row["status"] == "ok", row
+    reqs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["role"] for r in reqs] == (["plain"] if baseline else ["plain", "speculative"])
+    for f, recs in before.items():
+        after = read_records(f)
+        assert after[:len(recs)] == recs
+        assert [r["prompt_id"] for r in after if r["type"] == "generation"] == ["code-1", "code-2"]
+
+
 def test_sampled_requests_carry_the_policy(tmp_path, smol, fake, monkeypatch):
     log = tmp_path / "requests.jsonl"
     monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
