@@ -135,11 +135,16 @@ def test_baseline_unit_runs_on_one_server(tmp_path, smol, fake):
     assert len([r for r in read_records(trace_path(run_dir, inst.id)) if r["type"] == "generation"]) == 2
 
 
-def test_greedy_divergence_is_classified_on_the_target(tmp_path, smol, fake, monkeypatch):
+@pytest.mark.parametrize("ngl", ["0", "5"], ids=["cpu", "188-ngl-on-a-wheel-without-offload"])
+def test_greedy_divergence_is_classified_on_the_target(tmp_path, smol, fake, monkeypatch, ngl):
     """The fake's speculative outputs leave the plain ones at position 2 for a token SmolLM2 chooses in no block
-    (1002): re-evaluated on the target once the servers stopped, unchecked (the server's kernels decided it)."""
+    (1002): re-evaluated on the target once the servers stopped, unchecked (the server's kernels decided it). With
+    --ngl, llama-server offloads; a wheel that cannot evaluates on the CPU."""
+    from harness import llamacpp
+    monkeypatch.setattr(llamacpp, "gpu_offload_supported", lambda: False)
     monkeypatch.setenv("FAKE_SERVER_DIVERGE", "2")
-    inst, run_dir, row = run_unit(tmp_path, server_params(fake))
+    inst, run_dir, row = run_unit(tmp_path, server_params(fake, ngl=ngl))
+    assert row["status"] == "ok", row
     div = [r for r in read_records(trace_path(run_dir, inst.id)) if r["type"] == "divergence"]
     assert [(d["diverged_at"], d["kind"]) for d in div] == [(2, "unchecked")] * 2
     assert all(isinstance(d["plain_argmax"], int) and d["margin"] >= 0 for d in div)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from harness.bench.partial import resume, timed_done
@@ -169,7 +170,11 @@ def classified(inst: Instance, params: Params, diverged: list) -> list[dict]:
         return []
     from harness.divergence import unknown_blocks_check
     from harness.engine import Engine
-    target = Engine(model_file(inst.target), inst.engine_config(params.n_ctx))
+    from harness.llamacpp import gpu_offload_supported
+    cfg = inst.engine_config(params.n_ctx)
+    if not gpu_offload_supported():  # llama-server did the offload: a wheel without it evaluates on the CPU
+        cfg = replace(cfg, n_gpu_layers=0)
+    target = Engine(model_file(inst.target), cfg)
     try:
         return [{"type": "divergence", "prompt_id": pid, "repeat": rep,
                  **unknown_blocks_check(target, prompt, spec, plain, inst.draft.longest(inst.gamma))}
