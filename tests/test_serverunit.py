@@ -42,6 +42,15 @@ def test_command_maps_types_to_llama_cpp_flags(smol, smol_q2k, fake):
     assert base.spec == base.plain
 
 
+def test_a_draft_path_with_a_plus_runs_as_that_file(tmp_path, smol_q2k, fake):  # case 59
+    d = tmp_path / "c++-draft.gguf"
+    d.symlink_to(smol_q2k)
+    p = server_params(fake, draft=f"{d}+ngram-mod")
+    spec = serverunit.command(next(i for i in expand(p) if not i.baseline), p).spec
+    assert spec[spec.index("--spec-draft-model") + 1] == str(d)
+    assert spec[spec.index("--spec-type") + 1] == "ngram-mod,draft-simple"
+
+
 def test_lacking_flags():
     known = frozenset({"-m", "--spec-type", "-np"})
     assert binary_mod.lacking(["-m", "x.gguf", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "8", "-np",
