@@ -154,6 +154,14 @@ def test_fifos_nested_arrays_and_a_plus_beside_the_target(tmp_path):  # cases 12
     assert parse_draft(drafts[0]).model == str(small)  # its own pick, read back whole
 
 
+def test_a_gguf_llama_cpp_cannot_load_beside_the_target_is_not_picked(tmp_path):  # cases 96, 128
+    target = write_tiny_model(tmp_path / "target.gguf", n_layer=3)
+    bad = write_tiny_model(tmp_path / "small.gguf", seed=2, n_layer=1, n_embd=32, n_ff=32)
+    bad.write_bytes(bad.read_bytes().replace(b"general.architecture", b"general.architecturX", 1))
+    drafts, _ = pick([str(target)], [tmp_path])
+    assert drafts == [LOOKUP, LLAMA_TYPE]
+
+
 def test_engine_server_picks_no_harness_lookup(folder, capsys):  # case 125
     got = with_drafts(None, {"target": str(folder / "target.gguf"), "draft": None, "engine": "server"},
                       [folder / "none"])

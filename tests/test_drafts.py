@@ -485,6 +485,33 @@ def test_nested_arrays_are_a_refusal_of_that_file(tmp_path):  # case 115
                    "arrays nested more than 16 deep")
 
 
+def _no_tensors(p: Path) -> None:
+    b = bytearray(p.read_bytes())
+    b[8:16] = (0).to_bytes(8, "little")  # n_tensors
+    p.write_bytes(bytes(b))
+
+
+def _no_architecture(p: Path) -> None:
+    p.write_bytes(p.read_bytes().replace(b"general.architecture", b"general.architecturX", 1))
+
+
+UNLOADABLE = {"96-no-tensors": (_no_tensors, "no tensors (a vocabulary-only GGUF)"),
+              "96-no-architecture": (_no_architecture, "no general.architecture key")}
+
+
+@pytest.mark.parametrize("spoil, why", list(UNLOADABLE.values()), ids=list(UNLOADABLE))
+def test_a_gguf_llama_cpp_cannot_load_is_skipped_not_ranked(tmp_path, spoil, why):  # case 96
+    t = _target(tmp_path)
+    write_tiny_model(tmp_path / "c" / "one.gguf", seed=1)
+    spoil(write_tiny_model(tmp_path / "c" / "bad.gguf", seed=2))
+    s = drafts.survey(t, "target", [tmp_path / "c"])
+    assert [c["name"] for c in s["candidates"]] == ["one"]
+    (k,) = s["skipped"]
+    assert k["kind"] == "not a model" and why in k["why"], k
+    spoil(t)
+    one_line_error(harness("drafts", t, tmp_path / "c"), f"target {t}", why)
+
+
 def test_a_folder_that_cannot_be_read_is_said(tmp_path, monkeypatch):  # case 101
     t = _target(tmp_path)
     write_tiny_model(tmp_path / "c" / "sub" / "one.gguf", seed=1)

@@ -42,6 +42,15 @@ def test_command_maps_types_to_llama_cpp_flags(smol, smol_q2k, fake):
     assert base.spec == base.plain
 
 
+def test_a_draft_path_with_a_plus_runs_as_that_file(tmp_path, smol_q2k, fake):  # case 59
+    d = tmp_path / "c++-draft.gguf"
+    d.symlink_to(smol_q2k)
+    p = server_params(fake, draft=f"{d}+ngram-mod")
+    spec = serverunit.command(next(i for i in expand(p) if not i.baseline), p).spec
+    assert spec[spec.index("--spec-draft-model") + 1] == str(d)
+    assert spec[spec.index("--spec-type") + 1] == "ngram-mod,draft-simple"
+
+
 def test_lacking_flags():
     known = frozenset({"-m", "--spec-type", "-np"})
     assert binary_mod.lacking(["-m", "x.gguf", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "8", "-np",
@@ -135,14 +144,55 @@ def test_baseline_unit_runs_on_one_server(tmp_path, smol, fake):
     assert len([r for r in read_records(trace_path(run_dir, inst.id)) if r["type"] == "generation"]) == 2
 
 
-def test_greedy_divergence_is_classified_on_the_target(tmp_path, smol, fake, monkeypatch):
+@pytest.mark.parametrize("ngl", ["0", "5"], ids=["cpu", "188-ngl-on-a-wheel-without-offload"])
+def test_greedy_divergence_is_classified_on_the_target(tmp_path, smol, fake, monkeypatch, ngl):
     """The fake's speculative outputs leave the plain ones at position 2 for a token SmolLM2 chooses in no block
-    (1002): re-evaluated on the target once the servers stopped, unchecked (the server's kernels decided it)."""
+    (1002): re-evaluated on the target once the servers stopped, unchecked (the server's kernels decided it). With
+    --ngl, llama-server offloads; a wheel that cannot evaluates on the CPU."""
+    from harness import llamacpp
+    monkeypatch.setattr(llamacpp, "gpu_offload_supported", lambda: False)
     monkeypatch.setenv("FAKE_SERVER_DIVERGE", "2")
-    inst, run_dir, row = run_unit(tmp_path, server_params(fake))
+    inst, run_dir, row = run_unit(tmp_path, server_params(fake, ngl=ngl))
+    assert row["status"] == "ok", row
     div = [r for r in read_records(trace_path(run_dir, inst.id)) if r["type"] == "divergence"]
     assert [(d["diverged_at"], d["kind"]) for d in div] == [(2, "unchecked")] * 2
     assert all(isinstance(d["plain_argmax"], int) and d["margin"] >= 0 for d in div)
+
+
+@pytest.mark.parametrize("baseline", [False, True], ids=["52-speculative", "52-baseline"])
+def test_an_interrupted_unit_keeps_its_finished_prompts(tmp_path, smol, fake, monkeypatch, baseline):  # case 52
+    """Ctrl-C in the unit's second prompt: --resume keeps the first prompt's records as they were and measures
+    only the second, its twin first as ABBA had it."""
+    from harness.crosscheck import run
+    real, asked = run.ask, []
+
+    def ask(*a, **kw):
+        asked.append(a[1])
+        if len(asked) == (2 if baseline else 3):
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(run, "ask", ask)
+    params = server_params(fake)
+    inst = next(i for i in expand(params) if i.baseline == baseline)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        serverunit.run_server_unit(inst, 0, first_round(params), params, run_dir)
+    files = [trace_path(run_dir, inst.id)] + ([] if baseline else [trace_path(run_dir / PAIRED_DIR, inst.id)])
+    before = {f: read_records(f) for f in files}
+    assert inst.id not in finished(run_dir)
+    assert all([r["prompt_id"] for r in recs if r["type"] == "generation"] == ["code-1"] for recs in before.values())
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
+    monkeypatch.setattr(run, "ask", real)
+    row = serverunit.run_server_unit(inst, 0, first_round(params), params, run_dir)
+    assert row["status"] == "ok", row
+    reqs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["role"] for r in reqs] == (["plain"] if baseline else ["plain", "speculative"])
+    for f, recs in before.items():
+        after = read_records(f)
+        assert after[:len(recs)] == recs
+        assert [r["prompt_id"] for r in after if r["type"] == "generation"] == ["code-1", "code-2"]
 
 
 def test_sampled_requests_carry_the_policy(tmp_path, smol, fake, monkeypatch):

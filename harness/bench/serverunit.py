@@ -26,8 +26,10 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from harness.bench.partial import resume, timed_done
 from harness.crosscheck import binary as binary_mod
 from harness.crosscheck.checks import model_file, server_args, tokenize
 from harness.crosscheck.run import require_plain
@@ -111,14 +113,20 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
     requests = [(pr, rep) for rep in range(params.repeat) for pr in prompts]
     modes = {"baseline": trace_path(run_dir, unit)} if inst.baseline else {
         "speculative": trace_path(run_dir, unit), "baseline": trace_path(run_dir / PAIRED_DIR, unit)}
+    # an interrupted unit goes on from its finished prompts (each twin beside its request, in the ABBA order as
+    # though none had been kept); a diverged one without its divergence record runs again
+    check = inst.policy.greedy and not inst.baseline
+    keep = resume(modes, run_dir, unit, lambda got: timed_done(got, check, {}))
+    skip = {k for k, (pr, rep) in enumerate(requests) if (pr.id, rep) in keep}
     traces = {}
     for mode, f in modes.items():
         f.parent.mkdir(parents=True, exist_ok=True)
-        discard(f)  # a rerun replaces a partial trace
+        if not keep:
+            discard(f)  # a rerun replaces a partial trace
         traces[mode] = TraceWriter(f, config=inst.id, mode=mode)
     log_dir = run_dir / LOGS_DIR / unit
     seeds = [{} if inst.policy.greedy else {"seed": inst.policy.seed + rep} for _, rep in requests]
-    done = iter(enumerate(requests))
+    done = iter([(k, r) for k, r in enumerate(requests) if k not in skip])
 
     def write(rec: dict) -> None:
         k, (pr, rep) = next(done)
@@ -138,10 +146,10 @@ def _measure(inst: Instance, round_: int, prompts: list, params: Params, run_dir
     try:
         listed = [(pr.id, *toks[pr.id]) for pr, _ in requests]
         if inst.baseline:
-            plain_unit(binary, c, listed, log_dir / "plain.log", seeds, on_start, write, params)
+            plain_unit(binary, c, listed, log_dir / "plain.log", seeds, on_start, write, params, skip)
         else:
             measure(binary, c, listed, log_dir, params.start_timeout, params.request_timeout, seeds, on_start, write,
-                    ROLES)
+                    ROLES, skip)
         for r in classified(inst, params, diverged):
             traces["speculative"].write(r)
     finally:
@@ -162,7 +170,11 @@ def classified(inst: Instance, params: Params, diverged: list) -> list[dict]:
         return []
     from harness.divergence import unknown_blocks_check
     from harness.engine import Engine
-    target = Engine(model_file(inst.target), inst.engine_config(params.n_ctx))
+    from harness.llamacpp import gpu_offload_supported
+    cfg = inst.engine_config(params.n_ctx)
+    if not gpu_offload_supported():  # llama-server did the offload: a wheel without it evaluates on the CPU
+        cfg = replace(cfg, n_gpu_layers=0)
+    target = Engine(model_file(inst.target), cfg)
     try:
         return [{"type": "divergence", "prompt_id": pid, "repeat": rep,
                  **unknown_blocks_check(target, prompt, spec, plain, inst.draft.longest(inst.gamma))}
@@ -172,14 +184,18 @@ def classified(inst: Instance, params: Params, diverged: list) -> list[dict]:
 
 
 def plain_unit(binary: Path, c: Command, listed: list, log: Path, seeds: list[dict], on_start, write,
-               params: Params) -> None:
-    """A baseline configuration: every request on one plain server, started for the unit."""
+               params: Params, skip: set[int]) -> None:
+    """A baseline configuration: every request (but those in skip, kept from an interrupted attempt) on one plain
+    server, started for the unit."""
     from harness.crosscheck.run import ask
+    if len(skip) == len(listed):
+        return
     srv = Server(binary, c.plain, free_port(), log, ROLES["plain"], on_spawn=on_start)
     try:
         srv.start(params.start_timeout)
-        for (pid, tokens, mt), extra in zip(listed, seeds):
-            write({"id": pid, "plain": ask(srv, pid, body(tokens, mt, c) | extra, params.request_timeout)})
+        for k, ((pid, tokens, mt), extra) in enumerate(zip(listed, seeds)):
+            if k not in skip:
+                write({"id": pid, "plain": ask(srv, pid, body(tokens, mt, c) | extra, params.request_timeout)})
     finally:
         srv.stop()
 

@@ -186,14 +186,18 @@ def body(tokens: list[int], max_tokens: int, c: Command) -> dict:
 
 
 def measure(binary: Path, c: Command, prompts: list, log_dir: Path, start_timeout: float, request_timeout: float,
-            extra: list[dict] | None = None, on_start=None, on_prompt=None, roles: dict = ROLES) -> list[dict]:
+            extra: list[dict] | None = None, on_start=None, on_prompt=None, roles: dict = ROLES,
+            skip: set[int] = frozenset()) -> list[dict]:
     """Per prompt, your command's and the plain twin's timings, each from a server started for that request and
     stopped after it; your command first on the 1st, 3rd, … prompt, the plain twin first on the others.
     extra: per prompt, further fields of both its requests (harness bench's seed); on_start(pid): told each
-    server's pid as it starts; on_prompt(record): told each prompt's pair as it finishes (default: a line)."""
+    server's pid as it starts; on_prompt(record): told each prompt's pair as it finishes (default: a line);
+    skip: the indices of prompts measured already (bench's resumed unit), left out without changing the order."""
     from harness.crosscheck.run import ask
     out = []
     for k, (pid, tokens, mt) in enumerate(prompts):
+        if k in skip:
+            continue
         rec = {"id": pid, "n_prompt": len(tokens), "max_tokens": mt}
         order = ("speculative", "plain") if k % 2 == 0 else ("plain", "speculative")
         for key in order:

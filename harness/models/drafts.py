@@ -24,7 +24,7 @@ from typing import Callable
 from harness.errors import HarnessError
 from harness.models import arch
 from harness.models.catalog import GGUF_MAGIC
-from harness.models.header import NULL, Header, Unreadable, Vocab, read_header, vocab
+from harness.models.header import NULL, Header, Unreadable, Vocab, read_header, require_model, vocab
 
 # common/speculative.cpp
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -257,6 +257,7 @@ def survey(target: Path, target_name: str, roots: list[Path], files: list[Path] 
     try:
         th = read_header(target, split_bytes(Path(target)))
         tv = vocab(th)
+        require_model(th)
     except Unreadable as e:
         raise HarnessError(f"target {target}: {e}") from None
     found, skipped = find_files(roots, files)
@@ -270,6 +271,7 @@ def survey(target: Path, target_name: str, roots: list[Path], files: list[Path] 
         try:
             h = read_header(f.path, f.total_bytes)
             v = vocab(h)
+            require_model(h)
         except Unreadable as e:
             skipped.append({"path": str(f.path), "kind": e.kind, "why": str(e)})
             continue

@@ -222,6 +222,15 @@ def _tensors(r: _Reader, n_tensors: int, kv: dict) -> tuple[int, int, dict[int, 
     return -(-r.pos // align) * align + last, params, experts
 
 
+def require_model(h: Header) -> None:
+    """Unreadable where llama.cpp's loader would refuse the file as a model: no general.architecture (it names the
+    keys every other is read under) or no tensors (a vocabulary-only GGUF)."""
+    if not isinstance(h.kv.get("general.architecture"), str):
+        raise Unreadable("not a model", "no general.architecture key, which llama.cpp needs to load it")
+    if not h.params:
+        raise Unreadable("not a model", "no tensors (a vocabulary-only GGUF): llama.cpp loads no model from it")
+
+
 # -- llama.cpp's vocabulary, as llama-vocab.cpp derives it from the header --------------------------------------
 VOCAB_TYPES = {"no_vocab": "NONE", "none": "NONE", "llama": "SPM", "bert": "WPM", "gpt2": "BPE", "hybriddna": "BPE",
                "whitespace": "BPE", "gemma4": "BPE", "t5": "UGM", "rwkv": "RWKV", "test": "TEST", "plamo2": "PLAMO2"}
