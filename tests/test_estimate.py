@@ -27,12 +27,14 @@ PARAMS = Params(target=[T], draft=["none", D], max_tokens=32, paired=True, repla
 
 
 def prompts(per_category: int, cats=("code", "creative")) -> list[Prompt]:
-    return [Prompt(f"{c}-{i}", c, text="x" * 400, max_tokens=64) for c in cats for i in range(per_category)]
+    # each its own text: an estimate keeps a prompt's length by its digest
+    return [Prompt(f"{c}-{i}", c, text=f"{c}-{i} " + "x" * 400, max_tokens=64) for c in cats
+            for i in range(per_category)]
 
 
 def figures(ps: list[Prompt]) -> Figures:
     """Every prompt 100 tokens long under either target."""
-    return Figures(dict(PROBES), {(t, p.id): 100 for t in (T, T2) for p in ps})
+    return Figures(dict(PROBES), {(t, p.digest): 100 for t in (T, T2) for p in ps})
 
 
 # By hand, a greedy gamma-1 unit with its paired twin on 2 prompts of 100 tokens, 32 tokens out each, in round 0:
@@ -124,7 +126,7 @@ def test_progress_weighs_each_prompt_by_its_estimated_time_in_the_runs_order():
     """A sweep's long prompts come last: the first unit to meet one evaluates it, the next restores it."""
     ps = prompts(1)
     fig = figures(ps)
-    fig.lengths[(T, ps[1].id)] = 1000
+    fig.lengths[(T, ps[1].digest)] = 1000
     w = Weights(replace(PARAMS, prompt_cache=True), fig)
     # the baseline: 32 plain decodes of 30 ms and the prompt at 5 ms a token, 100 and 1000 tokens
     assert w.unit(BASE, ps) == pytest.approx([960 + 500, 960 + 5000])
