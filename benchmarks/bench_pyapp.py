@@ -5,7 +5,8 @@ Per target and policy, on the first N code prompts at 128 tokens, in one sitting
 with `GGUFDraft` (the 0.5B draft at n_max 3, llama.cpp's default) and with `LlamaPromptLookupDecoding` (its
 defaults), then the harness's own loop on the same prompts, plain and with the same draft at gamma 3. Each
 prompt is evaluated once beforehand (a 1-token completion), so the timed call restores it from the prefix cache
-and times the generation, as the harness's loop does. Speedups are against the same engine's plain run."""
+and times the generation, as the harness's loop does. Speedups are against the same engine's plain run. Both
+engines run the harness's threads (the physical cores)."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,7 @@ from harness.proposers import DraftModelProposer
 from harness.sampling import Policy
 
 N_CTX = 1024
+THREADS = EngineConfig().resolved_threads()
 
 
 def prompts(n: int) -> list[list[dict]]:
@@ -53,7 +55,10 @@ def app(target: Path, draft: Path, texts: list[str], tokens: int, temp: float) -
     out = {}
     for name, make in made.items():
         d = make()
-        llm = Llama(str(target), n_ctx=N_CTX, seed=0, verbose=False, draft_model=d)
+        # the harness's threads (physical cores; Llama's default is half the logical ones), and logits_all with a
+        # draft, which llama-cpp-python 0.3.36 needs past n_batch tokens (GGUFDraft.check says so)
+        llm = Llama(str(target), n_ctx=N_CTX, n_threads=THREADS, seed=0, verbose=False, draft_model=d,
+                    logits_all=d is not None)
         out[name] = [pace(llm, t, tokens, temp, k) for k, t in enumerate(texts)]
         out[name + " scores GiB"] = [llm.scores.nbytes / 2**30]  # logits_all's buffer: every position's row
         del llm

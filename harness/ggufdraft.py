@@ -46,8 +46,16 @@ class GGUFDraft(LlamaDraftModel):
     def check(self, target: Any) -> dict:
         """The harness's alignment check of this draft against `target` (a llama_cpp.Llama or a GGUF path): a
         HarnessError in one line where their vocabularies do not align (the drafts would be rejected, or
-        mistranslated), else the check's report."""
+        mistranslated), or where a Llama's logits buffer is too short for a draft model; else the check's
+        report."""
         from harness.align import require_aligned
+        from harness.errors import HarnessError
+        scores = getattr(target, "scores", None)
+        if scores is not None and len(scores) < target.n_ctx():
+            # llama-cpp-python 0.3.36 sizes it by the logits_all argument, though a draft model needs every row
+            raise HarnessError(f"the target's logits buffer holds {len(scores)} rows of its n_ctx {target.n_ctx()}: "
+                               "a draft model fails past them in llama-cpp-python 0.3.36; give Llama(..., "
+                               "logits_all=True)")
         return require_aligned(Path(getattr(target, "model_path", target)), self.path)
 
     def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:

@@ -16,7 +16,7 @@ PROMPTS = ("Write a Python function that reverses a string.",
 
 def _llama(path, **kw):
     from llama_cpp import Llama
-    return Llama(str(path), n_ctx=512, n_threads=2, seed=0, verbose=False, **kw)
+    return Llama(str(path), **{"n_ctx": 512, "n_threads": 2, "seed": 0, "verbose": False} | kw)
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +114,12 @@ def test_a_draft_of_another_vocabulary_is_refused_in_one_line(tiny_set, smol):
         with pytest.raises(HarnessError, match="is not aligned with target"):
             GGUFDraft(gemma, n_ctx=256).check(_llama(smol))
     assert GGUFDraft(tiny_set["b"], n_ctx=256).check(tiny_set["a"])["verdict"] != "MISALIGNED"
+
+
+def test_a_target_whose_logits_buffer_a_draft_would_overrun_is_refused(smol, draft):
+    """llama-cpp-python 0.3.36 keeps n_batch rows of logits unless logits_all is given, and a draft model's loop
+    then fails once the context passes them (a numpy broadcast error): check() says so first."""
+    short = _llama(smol, n_batch=64, draft_model=draft)
+    with pytest.raises(HarnessError, match="logits_all=True"):
+        draft.check(short)
+    assert draft.check(_llama(smol, n_batch=64, logits_all=True, draft_model=draft))["verdict"] != "MISALIGNED"
