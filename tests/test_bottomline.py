@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, SPECULATE
+from harness.analysis.verdict import BUSY, INCONCLUSIVE, NO_GAIN, SPECULATE
 from harness.report import bottomline as bl
 
 Q4, F16 = "model-q4_k_m", "model-f16"
@@ -51,6 +51,22 @@ def test_engines_that_disagree_follow_the_command_s_engine():
     assert line.startswith("**inconclusive**: plain 13.0 tok/s") and "in llama-server" in line
     assert "The harness's own loop: 1.90x [1.71, 2.09]" in line and "it said speculate" in line
     assert bl.commands(a) == []  # an inconclusive line prints no command
+
+
+def test_llama_servers_interval_settles_what_the_harness_left_inconclusive_but_not_what_it_withheld():
+    """The harness's loop cannot tell (1.02x [0.98, 1.07]); llama-server, over 6 prompts, reads speculate: the line
+    speculates, in llama-server, with the command; a verdict withheld over a busy machine stays withheld."""
+    a = _answer(Q4, INCONCLUSIVE, 1.02, 18.8, lo=0.98, hi=1.07, server_speedup=1.15, server_lo=1.06,
+                server_hi=1.24, server_prompts=6, server_plain_tps=18.3, server_ratios=[1.15] * 6,
+                server="llama-server -m models/q4.gguf --spec-type ngram-simple")
+    assert bl.engine_figure(a)["verdict"] == SPECULATE
+    line = bl.sentence(a)
+    assert line.startswith("**speculate** with ngram:3 γ 1: 18.3 → 21.0 tok/s in llama-server over 6 prompts, "
+                           "1.15x [1.06, 1.24]")
+    assert "it said inconclusive: llama-server's figure decides" in line
+    assert "llama-server -m models/q4.gguf --spec-type ngram-simple" in bl.commands(a)
+    busy = a | {"verdict": BUSY}
+    assert bl.engine_figure(busy)["verdict"] == BUSY and bl.commands(busy) == []
 
 
 def test_fewer_than_three_server_prompts_give_per_prompt_figures_not_an_interval():

@@ -10,7 +10,7 @@ import polars as pl
 
 from harness.analysis.verdict import INCONCLUSIVE, NO_GAIN, PLAIN, SETTLED, SPECULATE
 from harness.models.arch import implications, words
-from harness.report.bottomline import MIN_INTERVAL, per_prompt, plain_pace
+from harness.report.bottomline import MIN_INTERVAL, engine_figure, per_prompt, plain_pace
 from harness.report.fmt import beside, ci
 from harness.howto import howto, rule_differs
 from harness.checkrows import UNMEASURED
@@ -91,7 +91,10 @@ def _in_server(a: dict, server: pl.DataFrame | None, n_ctx: int) -> dict:
     x = rows.row(0, named=True) if rows is not None and len(rows) else {}
     out = a | {k: x.get(k) for k in SERVER_KEYS}
     if x and inst is not None:  # its flags as the report's commands give them: model paths as the user gave them
-        out["server_flags"] = spec_flags(shlex.split(howto(inst, n_ctx).server))
+        command = howto(inst, n_ctx).server
+        out["server_flags"] = spec_flags(shlex.split(command))
+        if not out.get("server") and engine_figure(out)["verdict"] == SPECULATE:  # llama-server settled it
+            out["server"] = command
     return out
 
 

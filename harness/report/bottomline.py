@@ -45,10 +45,12 @@ def peak(sweep: pl.DataFrame | None, a: dict, draft: str | None) -> int | None:
 
 def engine_figure(a: dict) -> dict:
     """The figure the bottom line gives, from the engine its command runs: llama-server's where it measured the
-    configuration on enough prompts to give an interval, else the harness's loop (labelled as such)."""
+    configuration on enough prompts to give an interval, else the harness's loop (labelled as such). A verdict
+    the harness withheld (busy or contradicted evidence) stays withheld; one it could not settle, llama-server's
+    own interval may."""
     n = a.get("server_prompts") or 0
     if a.get("server_speedup") is not None and n >= MIN_INTERVAL:
-        v = a["verdict"] if a["verdict"] not in SETTLED else \
+        v = a["verdict"] if a["verdict"] not in (*SETTLED, INCONCLUSIVE) else \
             reading(a["server_lo"], a["server_hi"], a["min_gain"])
         return {"engine": "llama-server", "speedup": a["server_speedup"], "lo": a["server_lo"], "hi": a["server_hi"],
                 "verdict": v, "plain": a.get("server_plain_tps"), "prompts": n}
