@@ -324,6 +324,7 @@ def test_until_confident_adds_the_next_prompts_in_file_order_and_says_when_they_
     assert harness("report", str(run), "--check").returncode == 0
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_until_confident_stops_when_the_budget_is_spent(tmp_path, smol):
     out = tmp_path / "r"
     # at the suite's usual 2 threads, whose probe of the model an earlier run took (at 1 thread, probing alone

@@ -186,6 +186,7 @@ def test_home_in_predicts_paths_is_expanded(tmp_path):
     one_line_error(r, f"--costs {tmp_path / 'cal.json'}:", "contexts list is empty")
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_a_calibration_taken_on_a_busy_machine_gives_no_verdict(tmp_path):
     """The calibrations of a committed replayed run, one marked as `harness calibrate` marks what it measured while
     another process used the CPU: every group of that target has no verdict, the reason on its line."""

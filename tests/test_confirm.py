@@ -49,6 +49,7 @@ def test_every_answer_runs_in_llama_server_and_the_answer_shows_it(run, fake):
     assert "1.5" in answer and "outputs equal to plain" in answer and "crosscheck.md" in answer
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_the_budget_stops_the_check_and_the_report_says_what_was_left(run, fake):
     left = itertools.chain([100.0] * 3, itertools.repeat(0.0))  # the two bottom lines and one answer
     server_check(Params(server_check=1, llama_server=str(fake)), run, read_plan(run), lambda: next(left))
@@ -78,6 +79,7 @@ def test_without_a_llama_server_the_run_and_its_report_say_so(run, tmp_path, cap
     assert "Not run in llama-server (`--server-check`):" in report(run)
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_a_check_the_budget_cannot_hold_is_passed_over_for_cheaper_ones(run, fake):
     """Priced by cost(check) and scaled by what the measured ones took against their price: the first check, priced
     over the time left, is skipped, and the cheaper ones after it run."""

@@ -8,11 +8,13 @@ import shlex
 import subprocess
 
 import click
+import pytest
 
 from tests.conftest import PROMPT_FILE, T
 from tests.helpers import HARNESS, ROOT, harness, only_run
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_bench_with_stdout_and_stderr_closed_runs_and_reports(tmp_path, smol):
     """Progress wrote to a None stderr: a traceback, and a half-made run directory."""
     out = tmp_path / "out"

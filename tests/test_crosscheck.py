@@ -114,6 +114,7 @@ def test_pairs_per_prompt_with_a_t_interval(run, fake, tmp_path):
     assert "holds" in r.stdout and "llama.cpp speedup" in r.stdout
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_a_rerun_keeps_finished_rows(run, fake, tmp_path):
     """A server that dies mid-run: one line, the configurations finished before it kept; a rerun measures only
     what is missing."""

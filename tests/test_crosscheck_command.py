@@ -209,6 +209,7 @@ def test_real_llama_server(smol, smol_q2k):
 
 # -- synthetic acceptance (crosscheck.synth) ---------------------------------------------------------------------
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_synthetic_acceptance_finds_the_break_even(fake, smol, smol_q2k, tmp_path):
     """--synth 5 at a longest draft of 3: lengths 1 to 4, each beside its plain twin; the fake runs at 0.6 + 0.4
     (L - 1) times plain and accepts (L - 1) / 3 of its drafts, so 1x falls between 25% (0.9x) and 50% (1.2x)."""

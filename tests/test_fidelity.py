@@ -191,6 +191,7 @@ def test_smollm2_against_itself(smol_rows):
 
 
 # -- `harness fidelity` from the command line
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_fidelity_cli(smol, smol_q2k):
     r = harness("fidelity", T, D, "--categories", "code", "--per-category", "1", "--max-tokens", "8",
                 "--threads", "1")

@@ -76,6 +76,7 @@ def _per_prompt(f, kind: str) -> list[str]:
     return [r["prompt_id"] for r in read_records(f) if r.get("type") == kind]
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_a_resume_after_a_kill_in_the_replay_and_in_the_timed_subset(replay, tmp_path):
     """The replay of one baseline and one timed configuration killed midway (no result line, a trace cut after
     its first prompt, half a line of the next): --resume keeps that prompt, runs the others, and the report's

@@ -191,6 +191,7 @@ def test_kv_unified_is_swept_labelled_and_reaches_both_engines():
     assert "--kv-unified takes on, off" in str(e.value)
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_kv_unified_through_the_command_line_dry_run(tmp_path, smol, smol_q2k):
     args = ("bench", "--target", T, "--draft", D, "--gamma", "2", "--parallel", "1,2", "--prompts", PROMPT_FILE,
             "--max-tokens", "8", "--dry-run", "--allow-busy", "--out", tmp_path / "r")  # a dry run times nothing

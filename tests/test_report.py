@@ -324,6 +324,7 @@ def test_diagnostics_are_written_and_checked_as_the_report_is(run):
 PROMPTS = str(ROOT / "tests" / "data" / "prompts.jsonl")
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_bench_full_disk_in_the_png_writer(tmp_path, monkeypatch):
     """A full disk under the report's plots: one line naming the PNG, the run's results kept, and `harness report`
     writes the report once there is room."""

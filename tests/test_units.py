@@ -50,6 +50,7 @@ def _noise(run: Path, unit: str) -> list[dict]:
     return [r for r in map(json.loads, (run / "noise.jsonl").read_text().splitlines()) if r.get("unit") == unit]
 
 
+@pytest.mark.slow  # a whole run of its own: the fast tier stays under 8 minutes
 def test_a_busy_spell_in_the_baseline_is_measured_again(tmp_path):
     def first_row(run: Path) -> bool:
         f = run / "results.jsonl"
