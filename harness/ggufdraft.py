@@ -6,7 +6,8 @@ calls the draft with every token so far, evaluates the returned tokens in one ba
 each position with the target's own sampler and keeps the drafts while the samples match (sample and compare:
 the output follows the target's distribution, whatever the draft proposes). GGUFDraft proposes as llama.cpp's
 draft-simple does: up to n_max tokens, greedily, stopping where the draft's top token holds less than p_min of
-its top 10 (P_MIN_TOP_K), and none at all where fewer than n_min remain.
+its top 10, and none at all where fewer than n_min remain: the harness loop's own rule (proposers.draft_pick,
+drafting.Drafting).
 
 Its context follows the target's tokens: each call keeps the longest common prefix with what it holds (the
 accepted drafts included), drops the rest from its KV cache and evaluates only the new tokens, so a prompt is
@@ -19,9 +20,10 @@ from typing import Any
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
+from harness.drafting import Drafting, Proposal
 from harness.engine import Engine, EngineConfig
-from harness.proposers import P_MIN_TOP_K
-from harness.sampling import top_share
+from harness.proposers import draft_pick
+from harness.sampling import Policy
 
 
 class GGUFDraft(LlamaDraftModel):
@@ -37,7 +39,8 @@ class GGUFDraft(LlamaDraftModel):
             raise ValueError(f"GGUFDraft: need n_max >= 1, 0 <= n_min <= n_max and 0 <= p_min <= 1 (got n_max "
                              f"{n_max}, n_min {n_min}, p_min {p_min})")
         self.path = Path(model_path)
-        self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
+        self.n_max = n_max
+        self.drafting = Drafting(verify="exact", p_min=p_min, n_min=n_min)  # exact: the top token, no sampling
         self.engine = Engine(self.path, EngineConfig(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=n_threads,
                                                      cache_k=type_k, cache_v=type_v))
         self._held: list[int] = []  # the tokens in the draft's KV cache, in order
@@ -69,15 +72,13 @@ class GGUFDraft(LlamaDraftModel):
             keep += 1
         self.engine.trim(keep)
         row = self._decode(ids[keep:], keep)
-        drafts: list[int] = []
-        while True:
-            if self.p_min > 0 and top_share(row, P_MIN_TOP_K) < self.p_min:
+        prop = Proposal()
+        while (picked := draft_pick(row, Policy(), self.drafting, None)) is not None:
+            prop.tokens.append(picked[0])
+            if len(prop.tokens) == self.n_max:
                 break
-            drafts.append(int(np.argmax(row)))
-            if len(drafts) == self.n_max:
-                break
-            row = self._decode(drafts[-1:], len(self._held))
-        return np.array(drafts if len(drafts) >= self.n_min else [], dtype=np.intc)
+            row = self._decode(prop.tokens[-1:], len(self._held))
+        return np.array(self.drafting.kept(prop).tokens, dtype=np.intc)
 
     def _decode(self, tokens: list[int], at: int) -> np.ndarray:
         """tokens appended after the first `at` held ones; the last one's logits."""

@@ -68,7 +68,8 @@ def _middle(text: str, keep: int) -> str:
     if half == 0:
         return CUT_MARK.strip()
     head, tail = text[:half], text[len(text) - half:]
-    head = head.rsplit(None, 1)[0] if len(head.rsplit(None, 1)) > 1 else head
+    words = head.rsplit(None, 1)
+    head = words[0] if len(words) > 1 else head
     tail = tail.split(None, 1)[-1]
     return head + CUT_MARK + tail
 

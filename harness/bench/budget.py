@@ -116,9 +116,8 @@ def _steps(shape: Shape) -> list[tuple[str, Step]]:
         return replace(p, temp=[min(p.temp)]) if len(p.temp) > 1 else None
 
     return [("per_category", prompts), ("also", sweeps), ("gamma", gammas), ("prompt_chars", length),
-            ("timed_scope", scope),
-            ("timed_subset", subset), ("server_check", check), ("max_tokens", tokens(REALISTIC_TOKENS)),
-            ("temp", policy), ("max_tokens", tokens(MIN_TOKENS))]
+            ("timed_scope", scope), ("timed_subset", subset), ("server_check", check),
+            ("max_tokens", tokens(REALISTIC_TOKENS)), ("temp", policy), ("max_tokens", tokens(MIN_TOKENS))]
 
 
 def fit(params: Params, cost: Callable[[Params], float], shape: Shape) -> Fit:
